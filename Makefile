@@ -1,0 +1,22 @@
+# `make run` and `make test` each set up everything they need on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: run test bench
+
+$(BIN)/selfplay: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+run: $(BIN)/selfplay
+	$(BIN)/selfplay play kuhn_poker --agents nash,random --episodes 500 --seed 0
+	$(BIN)/selfplay play tictactoe --agents mcts:200,random --episodes 100 --seed 0
+
+test: $(BIN)/selfplay
+	$(BIN)/python -m pytest -q -m "not slow"
+
+bench: $(BIN)/selfplay
+	$(BIN)/python benchmarks/env_step.py

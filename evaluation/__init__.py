@@ -1,0 +1,1 @@
+"""Judging agents by the games they play: tallies, ratings and reports."""

@@ -1,0 +1,293 @@
+"""The text-game protocol.
+
+A `TextGame` holds one game's rules and state and knows nothing of PettingZoo or models.
+`TextGameEnv` turns any TextGame into a PettingZoo AEC environment that a language model can
+play: each observation carries prompt-ready text (the rules, the state as that player sees
+it, the legal moves and the answer format) beside a numeric tensor, and each action is the
+model's raw output string, parsed by the environment. Output that names no legal move never
+raises: it is recorded in `infos` and handled by the game's `InvalidMovePolicy`.
+"""
+
+from __future__ import annotations
+
+import string
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import gymnasium
+import numpy as np
+from pettingzoo import AECEnv
+from pettingzoo.utils import AgentSelector
+
+from selfplay.games.answers import BOXED, AnswerFormat, normalize
+
+# Observation text is kept to printable ASCII so it always lies inside the Text spaces.
+_TEXT_SPACE_CHARSET = string.printable
+MAX_TEXT_LENGTH = 32_768
+# Enough of an invalid output to diagnose it without storing whole responses in infos.
+_RECORDED_OUTPUT_CHARS = 200
+
+
+class TextGame(ABC):
+    """Rules and state of one game for `num_players` seats, playable through text.
+
+    Subclasses set `rules` (shown to every player) and `observation_shape`, and implement
+    the state machine below. Moves are named by short canonical strings (for example "4" or
+    "bet"); `parse_move` maps a model's extracted answer to one of them.
+    """
+
+    num_players: int = 2
+    rules: str = ""
+    observation_shape: tuple[int, ...] = (1,)
+    answer_format: AnswerFormat = BOXED
+
+    @abstractmethod
+    def reset(self, rng: np.random.Generator) -> None:
+        """Start a new episode; all randomness (cards, dice, values) comes from `rng`."""
+
+    @abstractmethod
+    def current_player(self) -> int:
+        """Seat index of the player to move."""
+
+    @abstractmethod
+    def legal_moves(self) -> list[str]:
+        """Canonical names of the current player's legal moves."""
+
+    @abstractmethod
+    def apply(self, move: str) -> None:
+        """Play a legal move for the current player."""
+
+    @abstractmethod
+    def is_over(self) -> bool: ...
+
+    @abstractmethod
+    def returns(self) -> list[float]:
+        """Final reward of each seat; called once the game is over."""
+
+    @abstractmethod
+    def describe(self, player: int) -> str:
+        """The state as `player` sees it: no hidden information of other players."""
+
+    @abstractmethod
+    def observation_tensor(self, player: int) -> np.ndarray:
+        """A numeric view of what `player` sees, of shape `observation_shape`."""
+
+    def parse_move(self, answer: str) -> str | None:
+        """The legal move that an extracted answer names, or None."""
+        wanted = normalize(answer)
+        for move in self.legal_moves():
+            if normalize(move) == wanted:
+                return move
+        return None
+
+    def moves_prompt(self) -> str:
+        """How the legal moves are listed in the prompt; long move lists override this."""
+        return "Legal moves: " + ", ".join(self.legal_moves())
+
+
+@dataclass(frozen=True)
+class InvalidMovePolicy:
+    """What happens when a player's output names no legal move.
+
+    The player gets `retries` further attempts at the same turn; after that the game ends at
+    once with `penalty` for the offender and `opponent_reward` for every other player
+    (SPIRAL's training values by default).
+    """
+
+    retries: int = 0
+    penalty: float = -1.5
+    opponent_reward: float = 0.5
+
+
+class TextGameEnv(AECEnv):
+    """A PettingZoo AEC environment over a `TextGame`; actions are raw output strings.
+
+    Observations are dicts: `observation` (the game's numeric tensor), `rules` (fixed for
+    the game) and `state` (this player's view, the legal moves when it is their turn, and
+    the answer instruction). A game that reaches `max_turns` valid moves ends as a draw
+    (every reward 0, agents truncated). `infos[agent]["invalid_moves"]` lists every invalid
+    output of that agent in the episode.
+    """
+
+    metadata = {"render_modes": ["human", "ansi"], "is_parallelizable": False}
+
+    def __init__(
+        self,
+        game: TextGame,
+        *,
+        name: str,
+        invalid_moves: InvalidMovePolicy = InvalidMovePolicy(),
+        max_turns: int = 50,
+        render_mode: str | None = None,
+    ):
+        super().__init__()
+        if render_mode not in (None, *self.metadata["render_modes"]):
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}")
+        self.game = game
+        self.metadata = {**self.metadata, "name": name}
+        self.invalid_moves = invalid_moves
+        self.max_turns = max_turns
+        self.render_mode = render_mode
+        self.possible_agents = [f"player_{i}" for i in range(game.num_players)]
+        self._seat = {agent: i for i, agent in enumerate(self.possible_agents)}
+        text = gymnasium.spaces.Text(MAX_TEXT_LENGTH, min_length=0, charset=_TEXT_SPACE_CHARSET)
+        obs_space = gymnasium.spaces.Dict(
+            {
+                "observation": gymnasium.spaces.Box(
+                    -np.inf, np.inf, shape=game.observation_shape, dtype=np.float32
+                ),
+                "rules": text,
+                "state": text,
+            }
+        )
+        self.observation_spaces = {a: obs_space for a in self.possible_agents}
+        action_space = gymnasium.spaces.Text(MAX_TEXT_LENGTH, min_length=0, charset=_TEXT_SPACE_CHARSET)
+        self.action_spaces = {a: action_space for a in self.possible_agents}
+        self._rng = np.random.default_rng()
+
+    def observation_space(self, agent: str) -> gymnasium.spaces.Space:
+        return self.observation_spaces[agent]
+
+    def action_space(self, agent: str) -> gymnasium.spaces.Space:
+        return self.action_spaces[agent]
+
+    # -- episode ---------------------------------------------------------------------
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> None:
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+        self.game.reset(self._rng)
+        self.agents = self.possible_agents[:]
+        self.rewards = {a: 0.0 for a in self.agents}
+        self._cumulative_rewards = {a: 0.0 for a in self.agents}
+        self.terminations = {a: False for a in self.agents}
+        self.truncations = {a: False for a in self.agents}
+        # Kept for the whole episode: PettingZoo drops finished agents from infos and rewards.
+        self.invalid_log: dict[str, list[dict]] = {a: [] for a in self.agents}
+        self.episode_returns = {a: 0.0 for a in self.agents}
+        self.infos = {a: {"invalid_moves": self.invalid_log[a]} for a in self.agents}
+        self.turns = 0
+        self.end_reason: str | None = None
+        self._failed_attempts = 0
+        self._feedback: str | None = None
+        self._agent_selector = AgentSelector(self.agents)
+        self.agent_selection = self.possible_agents[self.game.current_player()]
+
+    def step(self, action: str) -> None:
+        agent = self.agent_selection
+        if self.terminations[agent] or self.truncations[agent]:
+            self._was_dead_step(action)
+            return
+        self._cumulative_rewards[agent] = 0.0
+        self.rewards = {a: 0.0 for a in self.agents}
+
+        move, reason = self._read_move(action)
+        if move is None:
+            self._on_invalid(agent, action, reason)
+        else:
+            self._failed_attempts = 0
+            self._feedback = None
+            self.game.apply(move)
+            self.turns += 1
+            if self.game.is_over():
+                self._finish("game_over", dict(zip(self.possible_agents, self.game.returns())))
+            elif self.turns >= self.max_turns:
+                self._finish("turn_cap", {a: 0.0 for a in self.agents}, truncated=True)
+            else:
+                self.agent_selection = self.possible_agents[self.game.current_player()]
+        self._accumulate_rewards()
+        for a, r in self.rewards.items():
+            self.episode_returns[a] += r
+        if self.render_mode == "human":
+            self.render()
+
+    def _read_move(self, action: object) -> tuple[str | None, str]:
+        if not isinstance(action, str):
+            return None, f"expected the model's output text, got {type(action).__name__}"
+        answer = self.game.answer_format.extract(action)
+        if answer is None:
+            example = self.game.answer_format.wrap("...")
+            return None, f"no answer found: the move must be written as {example}"
+        move = self.game.parse_move(answer)
+        if move is None:
+            return None, f"'{_excerpt(answer, 40)}' is not a legal move"
+        return move, ""
+
+    def _on_invalid(self, agent: str, action: object, reason: str) -> None:
+        self.invalid_log[agent].append(
+            {"turn": self.turns, "reason": reason, "output": _excerpt(str(action), _RECORDED_OUTPUT_CHARS)}
+        )
+        self._failed_attempts += 1
+        if self._failed_attempts <= self.invalid_moves.retries:
+            self._feedback = f"Your previous answer was invalid ({reason}). Try again."
+            return
+        policy = self.invalid_moves
+        self._finish("invalid_move", {a: policy.penalty if a == agent else policy.opponent_reward for a in self.agents})
+
+    def _finish(self, reason: str, rewards: dict[str, float], truncated: bool = False) -> None:
+        self.end_reason = reason
+        self.rewards = {a: float(rewards[a]) for a in self.agents}
+        done = self.truncations if truncated else self.terminations
+        for a in self.agents:
+            done[a] = True
+        self.agent_selection = self._agent_selector.next()
+
+    # -- observations ------------------------------------------------------------------
+
+    def observe(self, agent: str) -> dict:
+        seat = self._seat[agent]
+        return {
+            "observation": np.asarray(self.game.observation_tensor(seat), dtype=np.float32),
+            "rules": _printable(self.game.rules),
+            "state": _printable(self.state_text(agent)),
+        }
+
+    def state_text(self, agent: str) -> str:
+        seat = self._seat[agent]
+        parts = [f"You are {agent}.", self.game.describe(seat)]
+        if self.end_reason is not None:
+            parts.append("The game is over.")
+        elif seat == self.game.current_player():
+            if self._feedback:
+                parts.append(self._feedback)
+            parts.append(self.game.moves_prompt())
+            parts.append(self.game.answer_format.instruction(self.game.legal_moves()[0]))
+        else:
+            parts.append(f"Waiting for {self.possible_agents[self.game.current_player()]} to move.")
+        return "\n\n".join(parts)
+
+    # -- helpers for agents ----------------------------------------------------------------
+
+    def legal_moves(self) -> list[str]:
+        return self.game.legal_moves()
+
+    def answer(self, move: str) -> str:
+        """`move` written in the game's answer format, as a model should write it."""
+        return self.game.answer_format.wrap(move)
+
+    def parse(self, text: str) -> str | None:
+        """The legal move that `text` names, or None."""
+        return self._read_move(text)[0]
+
+    def render(self) -> str | None:
+        if self.render_mode is None:
+            gymnasium.logger.warn("render() called without a render_mode; pass render_mode='ansi' or 'human'.")
+            return None
+        text = self.state_text(self.agent_selection)
+        if self.render_mode == "human":
+            print(text)
+            return None
+        return text
+
+    def close(self) -> None:
+        pass
+
+
+def _excerpt(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _printable(text: str) -> str:
+    if text.isascii():
+        return text
+    return text.encode("ascii", "replace").decode("ascii")

@@ -1,0 +1,116 @@
+"""OpenSpiel games as text games.
+
+`OpenSpielGame` runs an OpenSpiel state machine behind the `TextGame` protocol: chance nodes
+are sampled by the environment's generator, the text comes from OpenSpiel's own observation
+or information-state strings and action names. It serves directly as the `openspiel:NAME`
+adapter; native games subclass it to write their own rules, state text and move names while
+keeping an exact OpenSpiel twin, which search and solver agents (MCTS, CFR) and
+exploitability use.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyspiel
+
+from selfplay.errors import UserError
+from selfplay.games.base import TextGame
+
+
+class OpenSpielGame(TextGame):
+    """Any two-player, turn-based OpenSpiel game, rendered from OpenSpiel's own strings."""
+
+    def __init__(self, name: str, **params):
+        try:
+            self.spiel_game = pyspiel.load_game(name, params)
+        except pyspiel.SpielError as err:
+            raise UserError(f"OpenSpiel cannot load '{name}' with {params}: {err}") from None
+        kind = self.spiel_game.get_type()
+        if self.spiel_game.num_players() != 2:
+            raise UserError(f"OpenSpiel game '{name}' has {self.spiel_game.num_players()} players; text games here take 2.")
+        if kind.dynamics != pyspiel.GameType.Dynamics.SEQUENTIAL:
+            raise UserError(f"OpenSpiel game '{name}' is not turn-based (simultaneous moves are not supported).")
+        self.num_players = 2
+        self._perfect_information = kind.information == pyspiel.GameType.Information.PERFECT_INFORMATION
+        if kind.provides_observation_tensor:
+            self._tensor = "observation"
+            self.observation_shape = tuple(self.spiel_game.observation_tensor_shape())
+        elif kind.provides_information_state_tensor:
+            self._tensor = "information_state"
+            self.observation_shape = tuple(self.spiel_game.information_state_tensor_shape())
+        else:
+            self._tensor = None
+            self.observation_shape = (1,)
+        self.rules = self.rules_text()
+        self.state: pyspiel.State = self.spiel_game.new_initial_state()
+        self._rng = np.random.default_rng()
+
+    # -- the state machine ---------------------------------------------------------------
+
+    def reset(self, rng: np.random.Generator) -> None:
+        self._rng = rng
+        self.state = self.spiel_game.new_initial_state()
+        self._play_chance()
+
+    def _play_chance(self) -> None:
+        while self.state.is_chance_node():
+            actions, probs = zip(*self.state.chance_outcomes())
+            self.state.apply_action(actions[self._rng.choice(len(actions), p=probs)])
+
+    def current_player(self) -> int:
+        return self.state.current_player()
+
+    def legal_actions(self) -> list[int]:
+        return self.state.legal_actions()
+
+    def legal_moves(self) -> list[str]:
+        return [self.move_name(a) for a in self.state.legal_actions()]
+
+    def move_name(self, action: int) -> str:
+        """The canonical move name of an OpenSpiel action for the current player."""
+        return self.state.action_to_string(self.state.current_player(), action)
+
+    def action_of(self, move: str) -> int:
+        for action in self.state.legal_actions():
+            if self.move_name(action) == move:
+                return action
+        raise ValueError(f"'{move}' is not a legal move")
+
+    def apply(self, move: str) -> None:
+        self.state.apply_action(self.action_of(move))
+        self._play_chance()
+
+    def is_over(self) -> bool:
+        return self.state.is_terminal()
+
+    def returns(self) -> list[float]:
+        return list(self.state.returns())
+
+    def observation_tensor(self, player: int) -> np.ndarray:
+        if self._tensor == "observation":
+            values = self.state.observation_tensor(player)
+        elif self._tensor == "information_state":
+            values = self.state.information_state_tensor(player)
+        else:
+            values = [self.state.move_number()]
+        return np.asarray(values, dtype=np.float32).reshape(self.observation_shape)
+
+    # -- text -----------------------------------------------------------------------------
+
+    def rules_text(self) -> str:
+        """The rules shown to both players; native games write their own."""
+        kind = self.spiel_game.get_type()
+        info = "perfect" if self._perfect_information else "imperfect"
+        return (
+            f"You are playing {kind.long_name}, a two-player game with {info} information, "
+            f"as implemented by OpenSpiel (game '{self.spiel_game}'). Each turn you see the state "
+            f"as OpenSpiel writes it and the names of your legal moves; answer with one move name."
+        )
+
+    def describe(self, player: int) -> str:
+        kind = self.spiel_game.get_type()
+        if (self._perfect_information or not kind.provides_information_state_string) and kind.provides_observation_string:
+            view = self.state.observation_string(player)
+        else:
+            view = self.state.information_state_string(player)
+        return f"Current state (as OpenSpiel writes it for player {player}):\n{view}"

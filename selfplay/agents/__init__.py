@@ -1,0 +1,75 @@
+"""Agents by spec: `random`, `mcts[:SIMULATIONS]`, `nash[:ITERATIONS]`, `human`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from selfplay.agents.base import Agent, IncompatibleAgentError
+from selfplay.errors import UserError
+from selfplay.games import TextGame
+
+
+class UnknownAgentError(UserError):
+    """An agent spec names no agent; the message lists what exists."""
+
+
+def _random(game: TextGame, seed: int, arg: str | None) -> Agent:
+    from selfplay.agents.random_agent import RandomAgent
+
+    _no_argument("random", arg)
+    return RandomAgent(game, seed)
+
+
+def _mcts(game: TextGame, seed: int, arg: str | None) -> Agent:
+    from selfplay.agents.mcts import MCTSAgent
+
+    return MCTSAgent(game, seed, simulations=_positive_int("mcts", arg, default=MCTSAgent.DEFAULT_SIMULATIONS))
+
+
+def _nash(game: TextGame, seed: int, arg: str | None) -> Agent:
+    from selfplay.agents.nash import NashAgent
+
+    return NashAgent(game, seed, iterations=_positive_int("nash", arg, default=NashAgent.DEFAULT_ITERATIONS))
+
+
+def _human(game: TextGame, seed: int, arg: str | None) -> Agent:
+    from selfplay.agents.human import HumanAgent
+
+    _no_argument("human", arg)
+    return HumanAgent(game, seed)
+
+
+AGENTS: dict[str, tuple[Callable[[TextGame, int, str | None], Agent], str]] = {
+    "random": (_random, "uniform over the legal moves"),
+    "mcts": (_mcts, "OpenSpiel MCTS (ISMCTS for imperfect information); mcts:N sets N simulations"),
+    "nash": (_nash, "equilibrium policy solved with OpenSpiel's CFR+; nash:N sets N iterations"),
+    "human": (_human, "you, in the terminal"),
+}
+
+
+def make_agent(spec: str, game: TextGame, seed: int) -> Agent:
+    """The agent a spec names, built for `game`."""
+    name, _, arg = spec.strip().partition(":")
+    if name not in AGENTS:
+        raise UnknownAgentError(f"Unknown agent '{spec}'. Agents: {agent_help()}")
+    return AGENTS[name][0](game, seed, arg or None)
+
+
+def agent_help() -> str:
+    return "; ".join(f"{name} ({about})" for name, (_, about) in AGENTS.items())
+
+
+def _no_argument(name: str, arg: str | None) -> None:
+    if arg is not None:
+        raise UnknownAgentError(f"Agent '{name}' takes no argument, got '{name}:{arg}'.")
+
+
+def _positive_int(name: str, arg: str | None, default: int) -> int:
+    if arg is None:
+        return default
+    if not arg.isdigit() or int(arg) == 0:
+        raise UnknownAgentError(f"'{name}:{arg}': the number after '{name}:' must be a positive integer.")
+    return int(arg)
+
+
+__all__ = ["AGENTS", "Agent", "IncompatibleAgentError", "UnknownAgentError", "agent_help", "make_agent"]

@@ -1,0 +1,112 @@
+"""The `selfplay` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from selfplay.agents import agent_help
+from selfplay.errors import UserError
+from selfplay.evaluation.scoreboard import format_table, tally
+from selfplay.games import InvalidMovePolicy, describe_games
+from selfplay.games.registry import ENTRY_POINT_GROUP
+from selfplay.match import play_series
+
+
+def _cmd_play(args: argparse.Namespace) -> int:
+    specs = [s.strip() for s in args.agents.split(",") if s.strip()]
+    results = play_series(
+        args.game,
+        specs,
+        args.episodes,
+        args.seed,
+        invalid_moves=InvalidMovePolicy(retries=args.retries),
+        max_turns=args.max_turns,
+        progress=not args.no_progress,
+    )
+    records = tally(results)
+    if args.json:
+        summary = {
+            "game": args.game,
+            "episodes": args.episodes,
+            "seed": args.seed,
+            "mean_turns": sum(r.turns for r in results) / len(results),
+            "agents": [r.to_dict() for r in records],
+        }
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"{args.game}: {args.episodes} games, seed {args.seed}, seats alternating\n")
+        print(format_table(records))
+    return 0
+
+
+def _cmd_games_list(args: argparse.Namespace) -> int:
+    rows = describe_games()
+    width = max(len(name) for name, _ in rows)
+    print("Games:")
+    for name, about in rows:
+        print(f"  {name.ljust(width)}  {about}")
+    print(
+        "\nAdapters (held-out games without new code):\n"
+        "  openspiel:NAME[(key=value,...)]   any two-player, turn-based OpenSpiel game,\n"
+        "                                    e.g. openspiel:leduc_poker, openspiel:nim(pile_sizes=1;3;5)\n"
+        "  pettingzoo:MODULE                 any PettingZoo AEC env with discrete actions and masks,\n"
+        "                                    e.g. pettingzoo:pettingzoo.classic.connect_four_v3\n"
+        f"\nPackages add games through the '{ENTRY_POINT_GROUP}' entry-point group."
+    )
+    return 0
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="selfplay", description="Train language models by multi-agent self-play.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    play = commands.add_parser(
+        "play",
+        help="play a series of games between agents",
+        description="Play N games between agents, alternating seats, and report each agent's results.",
+    )
+    play.add_argument("game", help="game spec, e.g. tictactoe, openspiel:leduc_poker (see `selfplay games list`)")
+    play.add_argument("--agents", required=True, help=f"comma-separated agent specs, one per seat. {agent_help()}")
+    play.add_argument("--episodes", type=_positive_int, default=100, help="games to play (default 100)")
+    play.add_argument("--seed", type=int, default=0, help="seed for deals, dice and agents (default 0)")
+    play.add_argument("--retries", type=_non_negative_int, default=0, help="extra attempts after an invalid move (default 0: the game ends with a penalty)")
+    play.add_argument("--max-turns", type=_positive_int, default=50, help="turn cap; a game that reaches it is a draw (default 50)")
+    play.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    play.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    play.set_defaults(run=_cmd_play)
+
+    games = commands.add_parser("games", help="list the games", description="Inspect the game registry.")
+    games_commands = games.add_subparsers(dest="games_command", required=True, metavar="COMMAND")
+    games_list = games_commands.add_parser("list", help="list every game and adapter", description="List every game and adapter.")
+    games_list.set_defaults(run=_cmd_games_list)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except UserError as err:
+        print(f"selfplay: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
