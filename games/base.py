@@ -10,6 +10,7 @@ raises: it is recorded in `infos` and handled by the game's `InvalidMovePolicy`.
 
 from __future__ import annotations
 
+import re
 import string
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from selfplay.games.answers import BOXED, AnswerFormat, normalize
 
 # Observation text is kept to printable ASCII so it always lies inside the Text spaces.
 _TEXT_SPACE_CHARSET = string.printable
+_OUTSIDE_CHARSET = re.compile(f"[^{re.escape(_TEXT_SPACE_CHARSET)}]")
 MAX_TEXT_LENGTH = 32_768
 # Enough of an invalid output to diagnose it without storing whole responses in infos.
 _RECORDED_OUTPUT_CHARS = 200
@@ -288,6 +290,5 @@ def _excerpt(text: str, limit: int) -> str:
 
 
 def _printable(text: str) -> str:
-    if text.isascii():
-        return text
-    return text.encode("ascii", "replace").decode("ascii")
+    """`text` with every character outside the Text spaces' charset replaced by '?'."""
+    return _OUTSIDE_CHARSET.sub("?", text)

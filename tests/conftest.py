@@ -1,0 +1,49 @@
+"""Shared test fixtures: a tiny deterministic text game for testing the protocol itself."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from selfplay.games import TextGame
+
+
+class CountTo(TextGame):
+    """Players alternately add 1 or 2 to a total; whoever reaches the target wins."""
+
+    observation_shape = (2,)
+
+    def __init__(self, target: int = 5):
+        self.target = target
+        self.rules = f"Add 1 or 2 to the total in turn; whoever brings it to {target} wins."
+
+    def reset(self, rng: np.random.Generator) -> None:
+        self.total, self.player = 0, 0
+
+    def current_player(self) -> int:
+        return self.player
+
+    def legal_moves(self) -> list[str]:
+        return [str(n) for n in (1, 2) if self.total + n <= self.target]
+
+    def apply(self, move: str) -> None:
+        self.total += int(move)
+        self.player = 1 - self.player
+
+    def is_over(self) -> bool:
+        return self.total == self.target
+
+    def returns(self) -> list[float]:
+        mover = 1 - self.player
+        return [1.0 if p == mover else -1.0 for p in range(2)]
+
+    def describe(self, player: int) -> str:
+        return f"The total is {self.total}."
+
+    def observation_tensor(self, player: int) -> np.ndarray:
+        return np.array([self.total, player], dtype=np.float32)
+
+
+@pytest.fixture
+def count_to():
+    return CountTo

@@ -1,0 +1,91 @@
+import json
+
+import pytest
+
+from selfplay.cli import main
+from selfplay.evaluation.scoreboard import format_table, tally
+from selfplay.match import agent_labels, play_series
+from selfplay.records import MatchResult
+
+
+def test_same_seed_same_results_and_seats_alternate():
+    first = play_series("kuhn_poker", ["random", "random"], 40, seed=3, progress=False)
+    again = play_series("kuhn_poker", ["random", "random"], 40, seed=3, progress=False)
+    other = play_series("kuhn_poker", ["random", "random"], 40, seed=4, progress=False)
+    assert first == again
+    assert first != other
+    assert [r.players for r in first[:3]] == [("random#1", "random#2"), ("random#2", "random#1"), ("random#1", "random#2")]
+    assert len({r.seed for r in first}) == 40  # every game gets its own deal
+
+
+def test_agent_labels_only_number_repeats():
+    assert agent_labels(["nash", "random"]) == ["nash", "random"]
+    assert agent_labels(["random", "mcts", "random"]) == ["random#1", "mcts", "random#2"]
+
+
+def test_tally_against_hand_counts():
+    results = [
+        MatchResult("g", 0, ("a", "b"), (1.0, -1.0), (0, 0), 5, "game_over"),
+        MatchResult("g", 1, ("b", "a"), (0.5, -1.5), (0, 1), 2, "invalid_move"),
+        MatchResult("g", 2, ("a", "b"), (0.0, 0.0), (0, 0), 50, "turn_cap"),
+    ]
+    a, b = tally(results)
+    assert (a.agent, a.games, a.wins, a.draws, a.losses, a.invalid_moves) == ("a", 3, 1, 1, 1, 1)
+    assert a.mean_reward == pytest.approx((1.0 - 1.5 + 0.0) / 3)
+    assert (b.wins, b.draws, b.losses, b.invalid_moves, b.total_reward) == (1, 1, 1, 0, -0.5)
+    table = format_table([a, b]).splitlines()
+    assert table[0].split() == ["agent", "games", "wins", "draws", "losses", "invalid", "mean", "reward"]
+    assert table[2].split() == ["a", "3", "1", "1", "1", "1", "-0.167"]
+
+
+def run_cli(capsys, *args):
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_play_json_is_reproducible(capsys):
+    args = ("play", "tictactoe", "--agents", "random,random", "--episodes", "30", "--seed", "7", "--json", "--no-progress")
+    code, out, _ = run_cli(capsys, *args)
+    assert code == 0
+    summary = json.loads(out)
+    assert summary["episodes"] == 30 and [a["agent"] for a in summary["agents"]] == ["random#1", "random#2"]
+    for agent in summary["agents"]:
+        assert agent["wins"] + agent["draws"] + agent["losses"] == 30
+    assert run_cli(capsys, *args)[1] == out
+
+
+def test_play_table(capsys):
+    code, out, _ = run_cli(capsys, "play", "kuhn_poker", "--agents", "random,random", "--episodes", "5", "--no-progress")
+    assert code == 0 and "mean reward" in out and "random#2" in out
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("play", "chess_960", "--agents", "random,random"), "Unknown game 'chess_960'. Games: tictactoe"),
+        (("play", "tictactoe", "--agents", "random,alphago"), "Unknown agent 'alphago'. Agents: random"),
+        (("play", "tictactoe", "--agents", "random"), "'tictactoe' has 2 seats but 1 agents were given"),
+        (("play", "tictactoe", "--agents", "random:3,random"), "Agent 'random' takes no argument"),
+    ],
+)
+def test_user_errors_exit_2_with_one_message(capsys, args, message):
+    code, out, err = run_cli(capsys, *args, "--no-progress")
+    assert code == 2 and out == ""
+    assert err.startswith("selfplay: error: ") and message in err
+    assert "Traceback" not in err
+
+
+def test_games_list_shows_natives_and_adapters(capsys):
+    code, out, _ = run_cli(capsys, "games", "list")
+    assert code == 0
+    for name in ("tictactoe", "kuhn_poker", "leduc_holdem", "negotiation", "openspiel:NAME", "pettingzoo:MODULE", "selfplay.games"):
+        assert name in out
+
+
+@pytest.mark.parametrize("command", [(), ("play",), ("games",), ("games", "list")])
+def test_every_command_has_help(capsys, command):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "--help"])
+    assert exit_info.value.code == 0
+    assert "usage: selfplay" in capsys.readouterr().out

@@ -1,0 +1,86 @@
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from pettingzoo.test import api_test, seed_test
+
+from selfplay.errors import UserError
+from selfplay.games import make_env, make_game
+from selfplay.games.registry import NATIVE_GAMES, parse_spec, registered_games
+
+README = Path(__file__).resolve().parents[1] / "games" / "README.md"
+
+
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("tictactoe", (None, "tictactoe", {})),
+        ("nim(pile_sizes=[3, 4, 5], misere=False)", (None, "nim", {"pile_sizes": [3, 4, 5], "misere": False})),
+        ("openspiel:leduc_poker", ("openspiel", "leduc_poker", {})),
+        ("openspiel:nim(pile_sizes=1;3;5, is_misere=true)", ("openspiel", "nim", {"pile_sizes": "1;3;5", "is_misere": True})),
+        ("pettingzoo:pettingzoo.classic.connect_four_v3", ("pettingzoo", "pettingzoo.classic.connect_four_v3", {})),
+        (" liars_dice( numdice = 2 ) ", (None, "liars_dice", {"numdice": 2})),
+    ],
+)
+def test_parse_spec(spec, expected):
+    assert parse_spec(spec) == expected
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("chess_960", "Unknown game 'chess_960'. Games: tictactoe, connect_four"),
+        ("steam:portal", "Unknown adapter 'steam:'"),
+        ("tictactoe(size)", "'size' in 'tictactoe(size)' is not key=value"),
+        ("tictactoe(size=4)", "Game 'tictactoe' does not take the parameters {'size': 4}"),
+        ("openspiel:no_such_game", "OpenSpiel cannot load 'no_such_game'"),
+        ("openspiel:kuhn_poker(players=3)", "has 3 players"),
+        ("not a spec!", "is not a game spec"),
+    ],
+)
+def test_bad_specs_name_the_cause(spec, message):
+    with pytest.raises(UserError) as err:
+        make_game(spec)
+    assert message in str(err.value)
+
+
+def test_every_native_game_is_registered_and_described():
+    games = registered_games()
+    assert list(games)[: len(NATIVE_GAMES)] == list(NATIVE_GAMES)
+    for name in NATIVE_GAMES:
+        assert (games[name]().__doc__ or "").strip(), f"{name} needs a one-line description"
+
+
+def _readme_example_source() -> str:
+    section = README.read_text().split("## Adding a game", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+@pytest.fixture
+def installed_example_package(tmp_path, monkeypatch):
+    """The README's worked example, installed as a third-party package with an entry point."""
+    package = tmp_path / "my_games"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "race.py").write_text(_readme_example_source())
+    dist = tmp_path / "my_games-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-games\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[selfplay.games]\nrace_to_21 = my_games.race:RaceTo21\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield
+    sys.modules.pop("my_games.race", None)
+    sys.modules.pop("my_games", None)
+
+
+def test_readme_example_registers_through_entry_point(installed_example_package):
+    assert "race_to_21" in registered_games()
+    api_test(make_env("race_to_21"), num_cycles=100)
+    seed_test(lambda: make_env("race_to_21"), num_cycles=100)
+    env = make_env("race_to_21(target=4)")
+    env.reset(seed=0)
+    for move in ("3", "1"):
+        env.step(env.answer(move))
+    assert env.end_reason == "game_over"
+    assert env.episode_returns == {"player_0": -1.0, "player_1": 1.0}
