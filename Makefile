@@ -16,6 +16,8 @@ run: $(BIN)/selfplay
 	$(BIN)/selfplay play tictactoe --agents mcts:200,random --episodes 100 --seed 0
 
 test: $(BIN)/selfplay
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q -m "not slow"
 
 bench: $(BIN)/selfplay

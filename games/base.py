@@ -135,9 +135,7 @@ class TextGameEnv(AECEnv):
         text = gymnasium.spaces.Text(MAX_TEXT_LENGTH, min_length=0, charset=_TEXT_SPACE_CHARSET)
         obs_space = gymnasium.spaces.Dict(
             {
-                "observation": gymnasium.spaces.Box(
-                    -np.inf, np.inf, shape=game.observation_shape, dtype=np.float32
-                ),
+                "observation": gymnasium.spaces.Box(-np.inf, np.inf, shape=game.observation_shape, dtype=np.float32),
                 "rules": text,
                 "state": text,
             }

@@ -27,7 +27,9 @@ class OpenSpielGame(TextGame):
             raise UserError(f"OpenSpiel cannot load '{name}' with {params}: {err}") from None
         kind = self.spiel_game.get_type()
         if self.spiel_game.num_players() != 2:
-            raise UserError(f"OpenSpiel game '{name}' has {self.spiel_game.num_players()} players; text games here take 2.")
+            raise UserError(
+                f"OpenSpiel game '{name}' has {self.spiel_game.num_players()} players; text games here take 2."
+            )
         if kind.dynamics != pyspiel.GameType.Dynamics.SEQUENTIAL:
             raise UserError(f"OpenSpiel game '{name}' is not turn-based (simultaneous moves are not supported).")
         self.num_players = 2
@@ -109,7 +111,9 @@ class OpenSpielGame(TextGame):
 
     def describe(self, player: int) -> str:
         kind = self.spiel_game.get_type()
-        if (self._perfect_information or not kind.provides_information_state_string) and kind.provides_observation_string:
+        if (
+            self._perfect_information or not kind.provides_information_state_string
+        ) and kind.provides_observation_string:
             view = self.state.observation_string(player)
         else:
             view = self.state.information_state_string(player)

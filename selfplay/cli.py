@@ -24,7 +24,8 @@ def _cmd_play(args: argparse.Namespace) -> int:
         args.seed,
         invalid_moves=InvalidMovePolicy(retries=args.retries),
         max_turns=args.max_turns,
-        progress=not args.no_progress,
+        # A progress bar would interleave with a human player's prompts.
+        progress=not args.no_progress and not any(spec.startswith("human") for spec in specs),
     )
     records = tally(results)
     if args.json:
@@ -86,15 +87,24 @@ def build_parser() -> argparse.ArgumentParser:
     play.add_argument("--agents", required=True, help=f"comma-separated agent specs, one per seat. {agent_help()}")
     play.add_argument("--episodes", type=_positive_int, default=100, help="games to play (default 100)")
     play.add_argument("--seed", type=int, default=0, help="seed for deals, dice and agents (default 0)")
-    play.add_argument("--retries", type=_non_negative_int, default=0, help="extra attempts after an invalid move (default 0: the game ends with a penalty)")
-    play.add_argument("--max-turns", type=_positive_int, default=50, help="turn cap; a game that reaches it is a draw (default 50)")
+    play.add_argument(
+        "--retries",
+        type=_non_negative_int,
+        default=0,
+        help="extra attempts after an invalid move (default 0: the game ends with a penalty)",
+    )
+    play.add_argument(
+        "--max-turns", type=_positive_int, default=50, help="turn cap; a game that reaches it is a draw (default 50)"
+    )
     play.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     play.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     play.set_defaults(run=_cmd_play)
 
     games = commands.add_parser("games", help="list the games", description="Inspect the game registry.")
     games_commands = games.add_subparsers(dest="games_command", required=True, metavar="COMMAND")
-    games_list = games_commands.add_parser("list", help="list every game and adapter", description="List every game and adapter.")
+    games_list = games_commands.add_parser(
+        "list", help="list every game and adapter", description="List every game and adapter."
+    )
     games_list.set_defaults(run=_cmd_games_list)
     return parser
 

@@ -58,11 +58,15 @@ def play_series(
     if len(agent_specs) != len(env.possible_agents):
         raise UserError(f"'{game}' has {len(env.possible_agents)} seats but {len(agent_specs)} agents were given.")
     env_seeds, *agent_seeds = np.random.SeedSequence(seed).spawn(len(agent_specs) + 1)
-    agents = [make_agent(spec, env.game, int(s.generate_state(1)[0])) for spec, s in zip(agent_specs, agent_seeds)]
+    agents = [
+        make_agent(spec, env.game, int(seeds.generate_state(1)[0])) for spec, seeds in zip(agent_specs, agent_seeds)
+    ]
     labels = agent_labels(agent_specs)
     episode_seeds = env_seeds.generate_state(episodes).tolist()
     results = []
     for episode in tqdm(range(episodes), desc=game, unit="game", disable=not progress, leave=False):
         order = [(episode + seat) % len(agents) for seat in range(len(agents))]
-        results.append(play_episode(env, [agents[i] for i in order], [labels[i] for i in order], episode_seeds[episode]))
+        results.append(
+            play_episode(env, [agents[i] for i in order], [labels[i] for i in order], episode_seeds[episode])
+        )
     return results

@@ -8,6 +8,12 @@ from pettingzoo.test import api_test, seed_test
 from selfplay.games import make_env
 from selfplay.games.registry import NATIVE_GAMES
 
+NATIVE_VARIANTS = [
+    "liars_dice(numdice=2)",
+    "liars_dice(dice_sides=4, bidding_rule=reset-quantity)",
+    "nim(pile_sizes=[2, 3], misere=false)",
+    "negotiation(rounds=2)",
+]
 OPENSPIEL_GAMES = [
     "openspiel:leduc_poker",
     "openspiel:liars_dice",
@@ -20,7 +26,7 @@ PETTINGZOO_GAMES = [
     "pettingzoo:pettingzoo.classic.connect_four_v3",
     "pettingzoo:pettingzoo.classic.tictactoe_v3",
 ]
-ALL_GAMES = list(NATIVE_GAMES) + OPENSPIEL_GAMES + PETTINGZOO_GAMES
+ALL_GAMES = list(NATIVE_GAMES) + NATIVE_VARIANTS + OPENSPIEL_GAMES + PETTINGZOO_GAMES
 
 
 @pytest.mark.parametrize("spec", ALL_GAMES)
@@ -43,7 +49,10 @@ def test_random_legal_play_finishes_without_invalid_moves(spec):
         moves = []
         rng = random.Random(seed)
         while env.end_reason is None:
-            move = rng.choice(env.legal_moves())
+            legal = env.legal_moves()
+            assert len(set(legal)) == len(legal), legal
+            move = rng.choice(legal)
+            assert env.parse(env.answer(move)) == move
             moves.append(move)
             env.step(env.answer(move))
         return moves, dict(env.episode_returns), env.end_reason

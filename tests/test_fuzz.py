@@ -13,7 +13,19 @@ from tests.test_conformance import OPENSPIEL_GAMES, PETTINGZOO_GAMES
 boxed = st.text(max_size=30).map(lambda t: f"\\boxed{{{t}}}")
 boxed_numbers = st.integers(-3, 60).map(lambda n: f"\\boxed{{{n}}}")
 boxed_words = st.sampled_from(
-    ["bet", "call", "check", "fold", "raise", "liar", "accept", "pass", "2x5", "pile 1 take 1", "offer 1 wood for 1 gold"]
+    [
+        "bet",
+        "call",
+        "check",
+        "fold",
+        "raise",
+        "liar",
+        "accept",
+        "pass",
+        "2x5",
+        "pile 1 take 1",
+        "offer 1 wood for 1 gold",
+    ]
 ).map(lambda w: f"\\boxed{{{w}}}")
 outputs = st.lists(st.one_of(st.text(max_size=80), boxed, boxed_numbers, boxed_words), min_size=1, max_size=40)
 

@@ -14,7 +14,11 @@ def test_same_seed_same_results_and_seats_alternate():
     other = play_series("kuhn_poker", ["random", "random"], 40, seed=4, progress=False)
     assert first == again
     assert first != other
-    assert [r.players for r in first[:3]] == [("random#1", "random#2"), ("random#2", "random#1"), ("random#1", "random#2")]
+    assert [r.players for r in first[:3]] == [
+        ("random#1", "random#2"),
+        ("random#2", "random#1"),
+        ("random#1", "random#2"),
+    ]
     assert len({r.seed for r in first}) == 40  # every game gets its own deal
 
 
@@ -45,7 +49,18 @@ def run_cli(capsys, *args):
 
 
 def test_play_json_is_reproducible(capsys):
-    args = ("play", "tictactoe", "--agents", "random,random", "--episodes", "30", "--seed", "7", "--json", "--no-progress")
+    args = (
+        "play",
+        "tictactoe",
+        "--agents",
+        "random,random",
+        "--episodes",
+        "30",
+        "--seed",
+        "7",
+        "--json",
+        "--no-progress",
+    )
     code, out, _ = run_cli(capsys, *args)
     assert code == 0
     summary = json.loads(out)
@@ -56,7 +71,9 @@ def test_play_json_is_reproducible(capsys):
 
 
 def test_play_table(capsys):
-    code, out, _ = run_cli(capsys, "play", "kuhn_poker", "--agents", "random,random", "--episodes", "5", "--no-progress")
+    code, out, _ = run_cli(
+        capsys, "play", "kuhn_poker", "--agents", "random,random", "--episodes", "5", "--no-progress"
+    )
     assert code == 0 and "mean reward" in out and "random#2" in out
 
 
@@ -79,7 +96,15 @@ def test_user_errors_exit_2_with_one_message(capsys, args, message):
 def test_games_list_shows_natives_and_adapters(capsys):
     code, out, _ = run_cli(capsys, "games", "list")
     assert code == 0
-    for name in ("tictactoe", "kuhn_poker", "leduc_holdem", "negotiation", "openspiel:NAME", "pettingzoo:MODULE", "selfplay.games"):
+    for name in (
+        "tictactoe",
+        "kuhn_poker",
+        "leduc_holdem",
+        "negotiation",
+        "openspiel:NAME",
+        "pettingzoo:MODULE",
+        "selfplay.games",
+    ):
         assert name in out
 
 

@@ -18,7 +18,10 @@ README = Path(__file__).resolve().parents[1] / "games" / "README.md"
         ("tictactoe", (None, "tictactoe", {})),
         ("nim(pile_sizes=[3, 4, 5], misere=False)", (None, "nim", {"pile_sizes": [3, 4, 5], "misere": False})),
         ("openspiel:leduc_poker", ("openspiel", "leduc_poker", {})),
-        ("openspiel:nim(pile_sizes=1;3;5, is_misere=true)", ("openspiel", "nim", {"pile_sizes": "1;3;5", "is_misere": True})),
+        (
+            "openspiel:nim(pile_sizes=1;3;5, is_misere=true)",
+            ("openspiel", "nim", {"pile_sizes": "1;3;5", "is_misere": True}),
+        ),
         ("pettingzoo:pettingzoo.classic.connect_four_v3", ("pettingzoo", "pettingzoo.classic.connect_four_v3", {})),
         (" liars_dice( numdice = 2 ) ", (None, "liars_dice", {"numdice": 2})),
     ],
