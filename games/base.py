@@ -170,6 +170,7 @@ class TextGameEnv(AECEnv):
         self.end_reason: str | None = None
         self._failed_attempts = 0
         self._feedback: str | None = None
+        self._legal_moves: list[str] | None = None
         self._agent_selector = AgentSelector(self.agents)
         self.agent_selection = self.possible_agents[self.game.current_player()]
 
@@ -188,6 +189,7 @@ class TextGameEnv(AECEnv):
             self._failed_attempts = 0
             self._feedback = None
             self.game.apply(move)
+            self._legal_moves = None
             self.turns += 1
             if self.game.is_over():
                 self._finish("game_over", dict(zip(self.possible_agents, self.game.returns())))
@@ -251,7 +253,7 @@ class TextGameEnv(AECEnv):
             if self._feedback:
                 parts.append(self._feedback)
             parts.append(self.game.moves_prompt())
-            parts.append(self.game.answer_format.instruction(self.game.legal_moves()[0]))
+            parts.append(self.game.answer_format.instruction(self.legal_moves()[0]))
         else:
             parts.append(f"Waiting for {self.possible_agents[self.game.current_player()]} to move.")
         return "\n\n".join(parts)
@@ -259,7 +261,10 @@ class TextGameEnv(AECEnv):
     # -- helpers for agents ----------------------------------------------------------------
 
     def legal_moves(self) -> list[str]:
-        return self.game.legal_moves()
+        """The mover's legal moves, computed once per state (the game changes only through step)."""
+        if self._legal_moves is None:
+            self._legal_moves = self.game.legal_moves()
+        return self._legal_moves
 
     def answer(self, move: str) -> str:
         """`move` written in the game's answer format, as a model should write it."""

@@ -105,16 +105,30 @@ class SimpleNegotiation(TextGame):
     def current_player(self) -> int:
         return self.turn % 2
 
-    def _offers(self, player: int) -> list[Offer]:
-        mine, theirs = self.inventory[player], self.inventory[1 - player]
+    def _offer_limits(self, player: int) -> tuple[list[int], list[int]]:
+        """How many units of each resource `player` may give, and may ask for, in one offer."""
+        give = [min(q, MAX_OFFER) for q in self.inventory[player]]
+        get = [min(q, MAX_OFFER) for q in self.inventory[1 - player]]
+        return give, get
+
+    def _offer_moves(self, player: int) -> list[str]:
+        give_max, get_max = self._offer_limits(player)
         return [
-            Offer(player, give, r1, get, r2)
+            f"offer {give} {RESOURCES[r1]} for {get} {RESOURCES[r2]}"
             for r1 in range(3)
             for r2 in range(3)
             if r1 != r2
-            for give in range(1, min(mine[r1], MAX_OFFER) + 1)
-            for get in range(1, min(theirs[r2], MAX_OFFER) + 1)
+            for give in range(1, give_max[r1] + 1)
+            for get in range(1, get_max[r2] + 1)
         ]
+
+    def _is_legal_offer(self, offer: Offer) -> bool:
+        give_max, get_max = self._offer_limits(offer.player)
+        return (
+            offer.give_resource != offer.get_resource
+            and 1 <= offer.give <= give_max[offer.give_resource]
+            and 1 <= offer.get <= get_max[offer.get_resource]
+        )
 
     def _can_accept(self) -> bool:
         offer = self.pending
@@ -126,7 +140,7 @@ class SimpleNegotiation(TextGame):
         )
 
     def legal_moves(self) -> list[str]:
-        moves = [offer.move for offer in self._offers(self.current_player())]
+        moves = self._offer_moves(self.current_player())
         if self._can_accept():
             moves.append("accept")
         moves.append("pass")
@@ -140,7 +154,7 @@ class SimpleNegotiation(TextGame):
                 return "pass"
             return "accept" if self._can_accept() else None
         offer = self._read_offer(text)
-        return offer.move if offer is not None and offer.move in self.legal_moves() else None
+        return offer.move if offer is not None and self._is_legal_offer(offer) else None
 
     def _read_offer(self, text: str) -> Offer | None:
         match = _OFFER.fullmatch(text)
@@ -221,7 +235,8 @@ class SimpleNegotiation(TextGame):
 
     def moves_prompt(self) -> str:
         forms = []
-        if self._offers(self.current_player()):
+        give_max, get_max = self._offer_limits(self.current_player())
+        if any(give_max[r1] and get_max[r2] for r1 in range(3) for r2 in range(3) if r1 != r2):
             forms.append(
                 "'offer Q1 R1 for Q2 R2' with R1 and R2 two different resources (wood, stone, gold), "
                 f"Q1 from 1 to what you hold of R1 and Q2 from 1 to what the opponent holds of R2 (at most {MAX_OFFER})"
