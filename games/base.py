@@ -84,7 +84,10 @@ class TextGame(ABC):
 
     def moves_prompt(self) -> str:
         """How the legal moves are listed in the prompt; long move lists override this."""
-        return "Legal moves: " + ", ".join(self.legal_moves())
+        moves = self.legal_moves()
+        if any("," in move for move in moves):
+            return "Legal moves, one per line:\n" + "\n".join(moves)
+        return "Legal moves: " + ", ".join(moves)
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,13 @@ class InvalidMovePolicy:
     retries: int = 0
     penalty: float = -1.5
     opponent_reward: float = 0.5
+
+
+@dataclass(frozen=True)
+class UnfinishedOutput:
+    """A response cut off at the token limit: always an invalid move, whatever it says."""
+
+    text: str
 
 
 class TextGameEnv(AECEnv):
@@ -204,6 +214,8 @@ class TextGameEnv(AECEnv):
             self.render()
 
     def _read_move(self, action: object) -> tuple[str | None, str]:
+        if isinstance(action, UnfinishedOutput):
+            return None, "the response was cut off at the token limit"
         if not isinstance(action, str):
             return None, f"expected the model's output text, got {type(action).__name__}"
         answer = self.game.answer_format.extract(action)
@@ -217,7 +229,7 @@ class TextGameEnv(AECEnv):
 
     def _on_invalid(self, agent: str, action: object, reason: str) -> None:
         self.invalid_log[agent].append(
-            {"turn": self.turns, "reason": reason, "output": _excerpt(str(action), _RECORDED_OUTPUT_CHARS)}
+            {"turn": self.turns, "reason": reason, "output": _excerpt(_output_text(action), _RECORDED_OUTPUT_CHARS)}
         )
         self._failed_attempts += 1
         if self._failed_attempts <= self.invalid_moves.retries:
@@ -286,6 +298,10 @@ class TextGameEnv(AECEnv):
 
     def close(self) -> None:
         pass
+
+
+def _output_text(action: object) -> str:
+    return action.text if isinstance(action, UnfinishedOutput) else str(action)
 
 
 def _excerpt(text: str, limit: int) -> str:

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from selfplay.agents import agent_help
+from selfplay.backends import BACKENDS, SamplingSettings
 from selfplay.errors import UserError
 from selfplay.evaluation.scoreboard import format_table, tally
 from selfplay.games import InvalidMovePolicy, describe_games
@@ -24,6 +25,9 @@ def _cmd_play(args: argparse.Namespace) -> int:
         args.seed,
         invalid_moves=InvalidMovePolicy(retries=args.retries),
         max_turns=args.max_turns,
+        sampling=SamplingSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature),
+        observation_mode=args.observation_mode,
+        backend=args.backend,
         # A progress bar would interleave with a human player's prompts.
         progress=not args.no_progress and not any(spec.startswith("human") for spec in specs),
     )
@@ -84,7 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Play N games between agents, alternating seats, and report each agent's results.",
     )
     play.add_argument("game", help="game spec, e.g. tictactoe, openspiel:leduc_poker (see `selfplay games list`)")
-    play.add_argument("--agents", required=True, help=f"comma-separated agent specs, one per seat. {agent_help()}")
+    play.add_argument(
+        "--agents",
+        required=True,
+        help=f"comma-separated agent specs, one per seat. {agent_help()}; "
+        "model:NAME_OR_PATH (a language model; model:default is the built-in one)",
+    )
     play.add_argument("--episodes", type=_positive_int, default=100, help="games to play (default 100)")
     play.add_argument("--seed", type=int, default=0, help="seed for deals, dice and agents (default 0)")
     play.add_argument(
@@ -95,6 +104,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     play.add_argument(
         "--max-turns", type=_positive_int, default=50, help="turn cap; a game that reaches it is a draw (default 50)"
+    )
+    play.add_argument(
+        "--backend", choices=BACKENDS, default="hf", help="generation backend for model agents (default hf)"
+    )
+    play.add_argument(
+        "--temperature", type=float, default=1.0, help="model sampling temperature; 0 is greedy (default 1)"
+    )
+    play.add_argument(
+        "--max-new-tokens", type=_positive_int, default=64, help="token limit per model turn (default 64)"
+    )
+    play.add_argument(
+        "--observation-mode",
+        choices=("single_turn", "multi_turn"),
+        default="single_turn",
+        help="fresh prompt per move, or one chat per player (default single_turn)",
     )
     play.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     play.add_argument("--no-progress", action="store_true", help="hide the progress bar")

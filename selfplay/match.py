@@ -1,34 +1,28 @@
-"""The match runner: plays series of games between agents, alternating seats."""
+"""The match runner: plays series of games between agents, alternating seats.
+
+Agents are scripted specs ("random", "mcts:200", ...) or language models
+("model:PATH_OR_NAME", "model:default"). Games run through the rollout engine, so model
+turns of concurrent games are generated in batches.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 from tqdm import tqdm
 
-from selfplay.agents import Agent, make_agent
+from selfplay.agents import make_agent
+from selfplay.backends import PolicyBackend, SamplingSettings, make_backend
+from selfplay.default_model import resolve_model
 from selfplay.errors import UserError
-from selfplay.games import InvalidMovePolicy, TextGameEnv, make_env
+from selfplay.games import InvalidMovePolicy, make_game
+from selfplay.prompts import ObservationMode
 from selfplay.records import MatchResult
+from selfplay.rollouts import MatchSpec, Player, RolloutEngine, RolloutSettings
 
-
-def play_episode(env: TextGameEnv, seats: Sequence[Agent], labels: Sequence[str], seed: int) -> MatchResult:
-    """Play one game with `seats[i]` in seat i."""
-    env.reset(seed=seed)
-    agent_of = dict(zip(env.possible_agents, seats))
-    for name in env.agent_iter():
-        _, _, terminated, truncated, _ = env.last(observe=False)
-        env.step(None if terminated or truncated else agent_of[name].act(env))
-    return MatchResult(
-        game=env.metadata["name"],
-        seed=seed,
-        players=tuple(labels),
-        rewards=tuple(env.episode_returns[a] for a in env.possible_agents),
-        invalid_moves=tuple(len(env.invalid_log[a]) for a in env.possible_agents),
-        turns=env.turns,
-        end_reason=env.end_reason,
-    )
+MODEL_PREFIX = "model:"
 
 
 def agent_labels(specs: Sequence[str]) -> list[str]:
@@ -39,6 +33,28 @@ def agent_labels(specs: Sequence[str]) -> list[str]:
     return labels
 
 
+def build_players(game: str, specs: Sequence[str], backend: str = "hf") -> dict[str, Player]:
+    """Players by label; scripted specs are checked against the game up front, and each
+    distinct model is loaded once however many seats it takes."""
+    twin = make_game(game)
+    models: dict[str, PolicyBackend] = {}
+    players: dict[str, Player] = {}
+    for label, spec in zip(agent_labels(specs), specs):
+        if spec.startswith(MODEL_PREFIX):
+            name = spec.removeprefix(MODEL_PREFIX)
+            if not name:
+                raise UserError(
+                    "'model:' needs a model name or path, e.g. model:default or model:runs/x/checkpoint-100."
+                )
+            if name not in models:
+                models[name] = make_backend(backend, resolve_model(name))
+            players[label] = models[name]
+        else:
+            make_agent(spec, twin, seed=0)
+            players[label] = spec
+    return players
+
+
 def play_series(
     game: str,
     agent_specs: Sequence[str],
@@ -47,26 +63,34 @@ def play_series(
     *,
     invalid_moves: InvalidMovePolicy = InvalidMovePolicy(),
     max_turns: int = 50,
+    sampling: SamplingSettings = SamplingSettings(),
+    observation_mode: ObservationMode = "single_turn",
+    backend: str = "hf",
+    concurrency: int = 256,
     progress: bool = True,
 ) -> list[MatchResult]:
     """Play `episodes` games of `game`, rotating the agents through the seats each game.
 
-    Everything random (deals, dice, the agents' choices) derives from `seed`: the same call
-    gives the same results.
+    Everything random (deals, dice, the agents' choices, model sampling) derives from `seed`:
+    the same call gives the same results.
     """
-    env = make_env(game, invalid_moves=invalid_moves, max_turns=max_turns)
-    if len(agent_specs) != len(env.possible_agents):
-        raise UserError(f"'{game}' has {len(env.possible_agents)} seats but {len(agent_specs)} agents were given.")
-    env_seeds, *agent_seeds = np.random.SeedSequence(seed).spawn(len(agent_specs) + 1)
-    agents = [
-        make_agent(spec, env.game, int(seeds.generate_state(1)[0])) for spec, seeds in zip(agent_specs, agent_seeds)
+    seats = make_game(game).num_players
+    if len(agent_specs) != seats:
+        raise UserError(f"'{game}' has {seats} seats but {len(agent_specs)} agents were given.")
+    players = build_players(game, agent_specs, backend)
+    labels = list(players)
+    episode_seeds = np.random.SeedSequence(seed).generate_state(episodes).tolist()
+    matches = [
+        MatchSpec(game, tuple(labels[(episode + seat) % seats] for seat in range(seats)), episode_seeds[episode])
+        for episode in range(episodes)
     ]
-    labels = agent_labels(agent_specs)
-    episode_seeds = env_seeds.generate_state(episodes).tolist()
-    results = []
-    for episode in tqdm(range(episodes), desc=game, unit="game", disable=not progress, leave=False):
-        order = [(episode + seat) % len(agents) for seat in range(len(agents))]
-        results.append(
-            play_episode(env, [agents[i] for i in order], [labels[i] for i in order], episode_seeds[episode])
-        )
-    return results
+    settings = RolloutSettings(
+        sampling=replace(sampling, seed=seed),
+        observation_mode=observation_mode,
+        max_turns=max_turns,
+        invalid_moves=invalid_moves,
+        concurrency=concurrency,
+    )
+    trajectories = RolloutEngine(players, settings).run(matches)
+    bar = tqdm(trajectories, total=episodes, desc=game, unit="game", disable=not progress, leave=False)
+    return [trajectory.result for trajectory in bar]

@@ -1,5 +1,8 @@
-"""The records that flow between the parts of selfplay. Plain data, so that rollout
-workers, the learner and the league can exchange them across processes."""
+"""The records that flow between the parts of selfplay.
+
+Plain frozen data (ints, floats, strings and tuples of them), so that rollout workers, the
+learner and the league can exchange them across processes and machines.
+"""
 
 from __future__ import annotations
 
@@ -20,3 +23,30 @@ class MatchResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One move written by a language-model policy: what the learner trains on."""
+
+    game: str
+    match_seed: int  # identifies the game this turn belongs to, with `game`
+    seat: int
+    role: str  # the seat's agent name in the environment, e.g. "player_0"
+    agent: str  # label of the policy that played the seat
+    policy_version: int  # version of the weights that sampled the response
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]  # the sampler's log-probability of each response token
+    text: str
+    finish_reason: str  # "stop" or "length"
+    invalid: bool  # the response named no legal move (or was cut off)
+    reward: float  # reward the environment gave this seat right after this move
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """A finished game with every language-model turn played in it, in order."""
+
+    result: MatchResult
+    turns: tuple[Turn, ...]

@@ -47,3 +47,11 @@ class CountTo(TextGame):
 @pytest.fixture
 def count_to():
     return CountTo
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """The default model's tokenizer and architecture with untrained weights (built in seconds)."""
+    from selfplay.default_model import build_untrained
+
+    return build_untrained(tmp_path_factory.mktemp("models") / "untrained")

@@ -91,6 +91,14 @@ def test_observation_text_for_mover_and_waiting_player(count_to):
     assert "Waiting for player_0" in waiting and "Legal moves" not in waiting
 
 
+def test_moves_with_commas_are_listed_one_per_line():
+    from selfplay.games import make_env
+
+    env = make_env("openspiel:nim(pile_sizes=1;2)")
+    env.reset(seed=0)
+    assert "Legal moves, one per line:\npile:1, take:1;\npile:2, take:1;\n" in env.observe("player_0")["state"]
+
+
 def test_text_stays_inside_the_observation_space(count_to):
     game = count_to()
     game.rules = "Règles: ajoutez 1 ou 2 ✓"

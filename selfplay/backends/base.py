@@ -1,0 +1,64 @@
+"""The policy-backend interface: batched generation with the sampler's log-probabilities,
+and in-place weight updates.
+
+Prompts go in as token ids, so that the exact ids the sampler saw are the ids the learner
+trains on. Weights come in as a safetensors file, so a backend in another process (or on
+another machine with a shared filesystem) loads them without pickling tensors.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How to sample one batch. `temperature=0` is greedy."""
+
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One sampled response."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]  # the sampler's log-probability of each token
+    text: str
+    finish_reason: str  # "stop" (end-of-sequence token) or "length" (hit max_new_tokens)
+    policy_version: int
+
+
+class PolicyBackend(ABC):
+    """Serves one policy: generates for batches of prompts; takes new weights in place."""
+
+    model_path: str
+    version: int = 0
+
+    @abstractmethod
+    def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[Generation]:
+        """One response per prompt (token ids), in order. Same seed and prompts, same output."""
+
+    @abstractmethod
+    def load_weights(self, path: Path, version: int) -> None:
+        """Serve the weights in the safetensors file `path` from now on, as `version`."""
+
+    def close(self) -> None:  # noqa: B027 (optional: only engines with processes need it)
+        """Release the engine's processes and memory."""
+
+
+def save_weights(model, path: Path) -> Path:
+    """Write a torch model's weights where `PolicyBackend.load_weights` reads them: a
+    safetensors file, written to a temporary name and renamed so no reader sees half a file."""
+    from safetensors.torch import save_model
+
+    path = Path(path)
+    partial = path.with_name(path.name + ".partial")
+    save_model(model, str(partial))
+    partial.replace(path)
+    return path

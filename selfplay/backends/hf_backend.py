@@ -1,0 +1,98 @@
+"""Generation with Hugging Face transformers, on CPU or GPU: the backend that needs nothing
+beyond transformers, and the reference the vLLM backend is checked against."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from selfplay.backends.base import Generation, PolicyBackend, SamplingSettings
+
+
+class HFBackend(PolicyBackend):
+    """Batched sampling with `model.generate`; prompts are sorted by length and left-padded."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        device: str | None = None,
+        dtype: torch.dtype = torch.float32,
+        max_batch_size: int = 256,
+    ):
+        self.model_path = model_path
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device).eval()
+        eos = self.model.generation_config.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
+        self.eos_ids.discard(None)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
+        self.max_batch_size = max_batch_size
+        self.version = 0
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[Generation]:
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        results: list[Generation | None] = [None] * len(prompts)
+        # Sampling draws from torch's global generator; fork it so a seed here never
+        # disturbs (or is disturbed by) the caller's random state.
+        devices = [self.device] if self.device.startswith("cuda") else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(sampling.seed)
+            for start in range(0, len(order), self.max_batch_size):
+                chunk = order[start : start + self.max_batch_size]
+                for i, generation in zip(chunk, self._generate_batch([prompts[i] for i in chunk], sampling)):
+                    results[i] = generation
+        return results
+
+    def _generate_batch(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[Generation]:
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            attention_mask[row, width - len(prompt) :] = 1
+        greedy = sampling.temperature == 0
+        out = self.model.generate(
+            input_ids=input_ids.to(self.device),
+            attention_mask=attention_mask.to(self.device),
+            max_new_tokens=sampling.max_new_tokens,
+            do_sample=not greedy,
+            temperature=None if greedy else sampling.temperature,
+            top_p=None if greedy else sampling.top_p,
+            top_k=None,
+            eos_token_id=sorted(self.eos_ids),
+            pad_token_id=self.pad_id,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+        new_tokens = out.sequences[:, width:].cpu()
+        # The sampler's log-probability: softmax(logits / T), before any top-p truncation.
+        logits = torch.stack(out.logits, dim=1).float().cpu()
+        if not greedy:
+            logits = logits / sampling.temperature
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
+        return [self._to_generation(new_tokens[row].tolist(), logprobs[row].tolist()) for row in range(len(prompts))]
+
+    def _to_generation(self, tokens: list[int], logprobs: list[float]) -> Generation:
+        stop = next((i for i, t in enumerate(tokens) if t in self.eos_ids), None)
+        if stop is None:
+            kept, finish_reason, text_tokens = len(tokens), "length", tokens
+        else:
+            # The stop token stays in the record: the learner trains on the decision to stop.
+            kept, finish_reason, text_tokens = stop + 1, "stop", tokens[:stop]
+        return Generation(
+            token_ids=tuple(tokens[:kept]),
+            logprobs=tuple(logprobs[:kept]),
+            text=self.tokenizer.decode(text_tokens),
+            finish_reason=finish_reason,
+            policy_version=self.version,
+        )
+
+    def load_weights(self, path: Path, version: int) -> None:
+        load_model(self.model, str(path), device=self.device)
+        self.version = version

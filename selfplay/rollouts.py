@@ -1,0 +1,178 @@
+"""The rollout engine: many games at once, every pending model turn batched per policy.
+
+Each game in flight has its own environment, and each seat is bound to a player: a language
+model policy (a `PolicyBackend`) or a scripted agent spec such as "random" or "mcts:100".
+On every tick the engine lets scripted agents move inline until each game waits for a model
+(or ends), then sends all waiting turns of one policy to its backend as a single batch.
+Games never wait for each other: whoever is to move in whichever game, their turn joins the
+next batch. Finished games are replaced from the queue of matches, so the batch stays full.
+
+The engine emits plain records (`Trajectory`, `Turn`), the learner's input.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from selfplay.agents import Agent, make_agent
+from selfplay.backends import Generation, PolicyBackend, SamplingSettings
+from selfplay.games import InvalidMovePolicy, TextGameEnv, UnfinishedOutput, make_env
+from selfplay.prompts import Message, ObservationMode, opening_messages, prompt_ids
+from selfplay.records import MatchResult, Trajectory, Turn
+
+Player = PolicyBackend | str  # a model policy, or a scripted agent spec
+
+
+@dataclass(frozen=True)
+class MatchSpec:
+    """One game to play: which player (by label) sits in each seat."""
+
+    game: str
+    players: tuple[str, ...]
+    seed: int
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    sampling: SamplingSettings = SamplingSettings()
+    observation_mode: ObservationMode = "single_turn"
+    max_turns: int = 50
+    invalid_moves: InvalidMovePolicy = InvalidMovePolicy()
+    concurrency: int = 256  # games in flight at once
+
+
+@dataclass
+class _LiveGame:
+    match: MatchSpec
+    env: TextGameEnv
+    scripted: dict[int, Agent]  # seat -> agent, for the scripted seats
+    chats: list[list[Message]]  # per seat, in multi-turn mode
+    turns: list[Turn] = field(default_factory=list)
+
+
+class RolloutEngine:
+    def __init__(self, players: Mapping[str, Player], settings: RolloutSettings = RolloutSettings()):
+        self.players = dict(players)
+        self.settings = settings
+        self._idle_envs: dict[str, list[TextGameEnv]] = defaultdict(list)
+
+    def run(self, matches: Iterable[MatchSpec]) -> Iterator[Trajectory]:
+        """Play every match, yielding each game's trajectory as soon as it ends."""
+        queue = iter(matches)
+        live: list[_LiveGame] = []
+        tick = 0
+        while True:
+            candidates = live + [self._start(m) for m in _take(queue, self.settings.concurrency - len(live))]
+            live = []
+            waiting: dict[str, list[_LiveGame]] = defaultdict(list)
+            for game in candidates:  # grows as finished games are replaced
+                self._play_scripted(game)
+                if game.env.end_reason is not None:
+                    yield self._finish(game)
+                    candidates.extend(self._start(m) for m in _take(queue, 1))
+                else:
+                    live.append(game)
+                    waiting[self._mover(game)].append(game)
+            if not live:
+                return
+            for label, games in waiting.items():
+                self._play_model_turns(label, games, tick)
+            tick += 1
+
+    # -- one game ------------------------------------------------------------------------------
+
+    def _start(self, match: MatchSpec) -> _LiveGame:
+        idle = self._idle_envs[match.game]
+        env = (
+            idle.pop()
+            if idle
+            else make_env(match.game, invalid_moves=self.settings.invalid_moves, max_turns=self.settings.max_turns)
+        )
+        if len(match.players) != len(env.possible_agents):
+            raise ValueError(f"{match.game} has {len(env.possible_agents)} seats, match names {match.players}")
+        env.reset(seed=match.seed)
+        scripted = {}
+        for seat, label in enumerate(match.players):
+            player = self.players[label]
+            if isinstance(player, str):
+                agent_seed = int(np.random.SeedSequence([match.seed, seat]).generate_state(1)[0])
+                scripted[seat] = make_agent(player, env.game, agent_seed)
+        return _LiveGame(match, env, scripted, chats=[[] for _ in match.players])
+
+    def _mover(self, game: _LiveGame) -> str:
+        return game.match.players[game.env.possible_agents.index(game.env.agent_selection)]
+
+    def _play_scripted(self, game: _LiveGame) -> None:
+        env = game.env
+        while env.end_reason is None:
+            agent = game.scripted.get(env.possible_agents.index(env.agent_selection))
+            if agent is None:
+                return
+            env.step(agent.act(env))
+
+    def _finish(self, game: _LiveGame) -> Trajectory:
+        env = game.env
+        result = MatchResult(
+            game=game.match.game,
+            seed=game.match.seed,
+            players=game.match.players,
+            rewards=tuple(env.episode_returns[a] for a in env.possible_agents),
+            invalid_moves=tuple(len(env.invalid_log[a]) for a in env.possible_agents),
+            turns=env.turns,
+            end_reason=env.end_reason,
+        )
+        self._idle_envs[game.match.game].append(env)
+        return Trajectory(result, tuple(game.turns))
+
+    # -- model turns ---------------------------------------------------------------------------
+
+    def _messages(self, game: _LiveGame, seat: int) -> list[Message]:
+        observation = game.env.observe(game.env.possible_agents[seat])
+        chat = game.chats[seat]
+        if self.settings.observation_mode == "single_turn" or not chat:
+            return opening_messages(observation)
+        return [*chat, {"role": "user", "content": observation["state"]}]
+
+    def _play_model_turns(self, label: str, games: list[_LiveGame], tick: int) -> None:
+        backend = self.players[label]
+        seats = [game.env.possible_agents.index(game.env.agent_selection) for game in games]
+        messages = [self._messages(game, seat) for game, seat in zip(games, seats)]
+        prompts = [prompt_ids(backend.tokenizer, m) for m in messages]
+        seed = int(np.random.SeedSequence([self.settings.sampling.seed, tick]).generate_state(1)[0])
+        generations = backend.generate(prompts, replace(self.settings.sampling, seed=seed))
+        for game, seat, chat, prompt, generation in zip(games, seats, messages, prompts, generations):
+            if self.settings.observation_mode == "multi_turn":
+                game.chats[seat] = [*chat, {"role": "assistant", "content": generation.text}]
+            self._apply(game, seat, label, prompt, generation)
+
+    def _apply(self, game: _LiveGame, seat: int, label: str, prompt: list[int], generation: Generation) -> None:
+        env = game.env
+        agent = env.possible_agents[seat]
+        invalid_before = len(env.invalid_log[agent])
+        finished = generation.finish_reason == "stop"
+        env.step(generation.text if finished else UnfinishedOutput(generation.text))
+        game.turns.append(
+            Turn(
+                game=game.match.game,
+                match_seed=game.match.seed,
+                seat=seat,
+                role=agent,
+                agent=label,
+                policy_version=generation.policy_version,
+                prompt_ids=tuple(prompt),
+                response_ids=generation.token_ids,
+                logprobs=generation.logprobs,
+                text=generation.text,
+                finish_reason=generation.finish_reason,
+                invalid=len(env.invalid_log[agent]) > invalid_before,
+                reward=float(env.rewards.get(agent, 0.0)),
+            )
+        )
+
+
+def _take(iterator: Iterator[MatchSpec], count: int) -> list[MatchSpec]:
+    return [match for _, match in zip(range(count), iterator)]

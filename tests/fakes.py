@@ -1,0 +1,35 @@
+"""A stand-in policy backend for testing the rollout engine without a trained model."""
+
+from __future__ import annotations
+
+import random
+import re
+
+from selfplay.backends import Generation, PolicyBackend, SamplingSettings
+
+_LEGAL = re.compile(r"Legal moves: (.*)")
+
+
+class LegalMoveBackend(PolicyBackend):
+    """Answers every prompt with a random legal move read from the prompt's 'Legal moves:'
+    line (or 'pass' when there is none), and logs the size of every batch it is sent."""
+
+    def __init__(self, tokenizer, seed: int = 0):
+        self.tokenizer = tokenizer
+        self.model_path = "legal-move-fake"
+        self.rng = random.Random(seed)
+        self.batch_sizes: list[int] = []
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[Generation]:
+        self.batch_sizes.append(len(prompts))
+        return [self._answer(self.tokenizer.decode(prompt)) for prompt in prompts]
+
+    def _answer(self, prompt: str) -> Generation:
+        lines = _LEGAL.findall(prompt)
+        move = self.rng.choice(lines[-1].split(", ")) if lines else "pass"
+        text = f"I choose \\boxed{{{move}}}"
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+        return Generation(tuple(ids), tuple([-0.5] * len(ids)), text, "stop", self.version)
+
+    def load_weights(self, path, version: int) -> None:
+        self.version = version

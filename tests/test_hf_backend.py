@@ -1,0 +1,71 @@
+import torch
+from transformers import AutoModelForCausalLM
+
+from selfplay.backends import SamplingSettings, save_weights
+from selfplay.backends.hf_backend import HFBackend
+from selfplay.games import make_env
+from selfplay.prompts import opening_messages, prompt_ids
+
+
+def game_prompts(tokenizer, games=("tictactoe", "kuhn_poker", "negotiation", "nim")):
+    prompts = []
+    for game in games:
+        env = make_env(game)
+        env.reset(seed=0)
+        prompts.append(prompt_ids(tokenizer, opening_messages(env.observe(env.agent_selection))))
+    return prompts
+
+
+def recomputed_logprobs(model, prompt, response, temperature):
+    ids = torch.tensor([prompt + list(response)])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response).unsqueeze(-1)).squeeze(-1)
+
+
+def test_generations_are_well_formed_seeded_and_match_recomputed_logprobs(tiny_model_dir):
+    backend = HFBackend(str(tiny_model_dir), max_batch_size=3)  # two chunks: sorting and reordering
+    prompts = game_prompts(backend.tokenizer)
+    sampling = SamplingSettings(max_new_tokens=12, temperature=0.7, seed=3)
+    generations = backend.generate(prompts, sampling)
+    assert len(generations) == len(prompts)
+    for generation in generations:
+        assert len(generation.token_ids) == len(generation.logprobs) <= 12
+        assert generation.finish_reason in ("stop", "length")
+        body = generation.token_ids[:-1] if generation.finish_reason == "stop" else generation.token_ids
+        assert generation.text == backend.tokenizer.decode(body)
+        assert generation.policy_version == 0
+    assert backend.generate(prompts, sampling) == generations
+    assert backend.generate(prompts, SamplingSettings(max_new_tokens=12, temperature=0.7, seed=4)) != generations
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    for prompt, generation in zip(prompts, generations):
+        expected = recomputed_logprobs(reference, prompt, generation.token_ids, 0.7)
+        assert torch.allclose(torch.tensor(generation.logprobs), expected, atol=1e-4)
+
+
+def test_generation_does_not_touch_the_callers_random_state(tiny_model_dir):
+    backend = HFBackend(str(tiny_model_dir))
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    backend.generate(game_prompts(backend.tokenizer)[:1], SamplingSettings(max_new_tokens=4, seed=9))
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_loading_weights_changes_the_policy_and_its_version(tiny_model_dir, tmp_path):
+    backend = HFBackend(str(tiny_model_dir))
+    prompts = game_prompts(backend.tokenizer)
+    greedy = SamplingSettings(max_new_tokens=8, temperature=0)
+    before = backend.generate(prompts, greedy)
+    changed = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for parameter in changed.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.5)
+    backend.load_weights(save_weights(changed, tmp_path / "weights.safetensors"), version=3)
+    after = backend.generate(prompts, greedy)
+    assert [g.token_ids for g in after] != [g.token_ids for g in before]
+    assert all(g.policy_version == 3 for g in after)
+    for prompt, generation in zip(prompts, after):
+        step = changed(torch.tensor([prompt])).logits[0, -1]
+        assert generation.token_ids[0] == int(step.argmax())

@@ -1,0 +1,117 @@
+from collections import Counter
+
+import pytest
+from transformers import AutoTokenizer
+
+from selfplay.backends import SamplingSettings
+from selfplay.backends.hf_backend import HFBackend
+from selfplay.games import InvalidMovePolicy
+from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
+from tests.fakes import LegalMoveBackend
+
+MIXED_GAMES = ["tictactoe", "kuhn_poker", "connect_four", "leduc_holdem", "negotiation", "openspiel:connect_four"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def hf_backend(tiny_model_dir):
+    return HFBackend(str(tiny_model_dir))
+
+
+def mixed_matches(count: int) -> list[MatchSpec]:
+    """Self-play, model-vs-scripted in both seats, across several games."""
+    pairings = [("policy", "policy"), ("policy", "random"), ("random", "policy"), ("mcts", "policy")]
+    matches = []
+    for i in range(count):
+        game = MIXED_GAMES[i % len(MIXED_GAMES)]
+        players = pairings[i % len(pairings)]
+        if "mcts" in players and game in ("negotiation", "kuhn_poker", "leduc_holdem"):
+            players = ("policy", "random")
+        matches.append(MatchSpec(game, players, seed=100 + i))
+    return matches
+
+
+def check_well_formed(trajectories, matches, tokenizer=None):
+    assert sorted(t.result.seed for t in trajectories) == sorted(m.seed for m in matches)
+    for trajectory in trajectories:
+        result = trajectory.result
+        assert result.end_reason in ("game_over", "invalid_move", "turn_cap")
+        invalid_by_seat = Counter(turn.seat for turn in trajectory.turns if turn.invalid)
+        for seat, label in enumerate(result.players):
+            if label == "policy":
+                assert invalid_by_seat[seat] == result.invalid_moves[seat]
+        for turn in trajectory.turns:
+            assert turn.game == result.game and turn.match_seed == result.seed
+            assert result.players[turn.seat] == turn.agent == "policy"
+            assert turn.role == f"player_{turn.seat}"
+            assert turn.prompt_ids and turn.response_ids
+            assert len(turn.response_ids) == len(turn.logprobs)
+            assert all(lp <= 0 for lp in turn.logprobs)
+            assert turn.finish_reason in ("stop", "length")
+            if tokenizer is not None:
+                assert tokenizer.decode(turn.prompt_ids).endswith("<|im_start|>assistant\n")
+
+
+def test_every_waiting_turn_joins_one_batch_per_policy(tokenizer):
+    """Games at different points (whose turn, which game) are all batched together."""
+    policy = LegalMoveBackend(tokenizer)
+    matches = mixed_matches(24)
+    engine = RolloutEngine({"policy": policy, "random": "random", "mcts": "mcts:20"}, RolloutSettings(concurrency=24))
+    trajectories = list(engine.run(matches))
+    check_well_formed(trajectories, matches, tokenizer)
+    # All 24 games wait on the policy at the first tick, whichever seat it has.
+    assert policy.batch_sizes[0] == 24
+    assert sum(policy.batch_sizes) == sum(len(t.turns) for t in trajectories)
+    # Legal answers: games end by their rules, never by an invalid move.
+    assert all(t.result.end_reason != "invalid_move" for t in trajectories)
+    assert max(len(t.turns) for t in trajectories) > 5
+
+
+def test_finished_games_are_replaced_so_batches_stay_full(tokenizer):
+    policy = LegalMoveBackend(tokenizer)
+    matches = [MatchSpec("kuhn_poker", ("policy", "policy"), seed=i) for i in range(40)]
+    list(RolloutEngine({"policy": policy}, RolloutSettings(concurrency=8)).run(matches))
+    # Every batch but the last few (as the queue drains) holds the full 8 games.
+    assert policy.batch_sizes[:5] == [8] * 5
+
+
+def test_multi_turn_prompts_carry_the_players_own_chat(tokenizer):
+    policy = LegalMoveBackend(tokenizer)
+    matches = [MatchSpec("tictactoe", ("policy", "policy"), seed=s) for s in range(4)]
+    settings = RolloutSettings(observation_mode="multi_turn")
+    for trajectory in RolloutEngine({"policy": policy}, settings).run(matches):
+        by_seat = {}
+        for turn in trajectory.turns:
+            by_seat.setdefault(turn.seat, []).append(turn)
+        for turns in by_seat.values():
+            for earlier, later in zip(turns, turns[1:]):
+                later_prompt = tokenizer.decode(later.prompt_ids)
+                assert tokenizer.decode(earlier.prompt_ids) in later_prompt
+                assert earlier.text in later_prompt
+                assert later_prompt.count("<|im_start|>system") == 1
+
+
+def test_truncated_responses_are_invalid_moves(hf_backend, tokenizer):
+    settings = RolloutSettings(sampling=SamplingSettings(max_new_tokens=2), invalid_moves=InvalidMovePolicy(retries=1))
+    [trajectory] = RolloutEngine({"policy": hf_backend, "random": "random"}, settings).run(
+        [MatchSpec("tictactoe", ("policy", "random"), seed=0)]
+    )
+    assert [t.finish_reason for t in trajectory.turns] == ["length", "length"]
+    assert all(t.invalid for t in trajectory.turns)
+    assert trajectory.result.end_reason == "invalid_move"
+    assert trajectory.result.rewards == (-1.5, 0.5)
+    assert trajectory.turns[-1].reward == -1.5
+
+
+def test_mixed_batch_with_a_real_backend_is_well_formed_and_reproducible(hf_backend, tokenizer):
+    matches = mixed_matches(12)
+    settings = RolloutSettings(sampling=SamplingSettings(max_new_tokens=12, seed=5), invalid_moves=InvalidMovePolicy(2))
+    players = {"policy": hf_backend, "random": "random", "mcts": "mcts:20"}
+    first = list(RolloutEngine(players, settings).run(matches))
+    check_well_formed(first, matches, tokenizer)
+    assert sum(len(t.turns) for t in first) >= 24
+    assert list(RolloutEngine(players, settings).run(matches)) == first
