@@ -47,12 +47,23 @@ def build_players(game: str, specs: Sequence[str], backend: str = "hf") -> dict[
                     "'model:' needs a model name or path, e.g. model:default or model:runs/x/checkpoint-100."
                 )
             if name not in models:
-                models[name] = make_backend(backend, resolve_model(name))
+                models[name] = load_policy(name, backend)
             players[label] = models[name]
         else:
             make_agent(spec, twin, seed=0)
             players[label] = spec
     return players
+
+
+def load_policy(model: str, backend: str = "hf") -> PolicyBackend:
+    """A backend serving `model` (a model directory, a hub name, or "default")."""
+    try:
+        return make_backend(backend, resolve_model(model))
+    except OSError as err:
+        raise UserError(
+            f"Cannot load model '{model}': {err}. Give a Hugging Face model directory, a model name "
+            f"the hub can serve, or 'default' for the built-in model."
+        ) from None
 
 
 def play_series(

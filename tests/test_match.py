@@ -114,3 +114,19 @@ def test_every_command_has_help(capsys, command):
         main([*command, "--help"])
     assert exit_info.value.code == 0
     assert "usage: selfplay" in capsys.readouterr().out
+
+
+def test_play_with_a_model_agent_is_reproducible(capsys, tiny_model_dir):
+    args = ("play", "kuhn_poker", "--agents", f"model:{tiny_model_dir},random", "--episodes", "6", "--json")
+    code, out, _ = run_cli(capsys, *args, "--retries", "2", "--max-new-tokens", "8", "--no-progress")
+    assert code == 0
+    model, scripted = json.loads(out)["agents"]
+    assert model["agent"] == f"model:{tiny_model_dir}" and model["games"] == 6
+    # An untrained model writes no legal move: every game ends on its third invalid answer.
+    assert model["losses"] == 6 and model["invalid_moves"] == 18
+    assert run_cli(capsys, *args, "--retries", "2", "--max-new-tokens", "8", "--no-progress")[1] == out
+
+
+def test_unknown_model_path_is_a_user_error(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "play", "tictactoe", "--agents", f"model:{tmp_path}/missing,random", "--no-progress")
+    assert code == 2 and "missing" in err and "Traceback" not in err
