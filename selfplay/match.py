@@ -104,4 +104,8 @@ def play_series(
     )
     trajectories = RolloutEngine(players, settings).run(matches)
     bar = tqdm(trajectories, total=episodes, desc=game, unit="game", disable=not progress, leave=False)
-    return [trajectory.result for trajectory in bar]
+    try:
+        return [trajectory.result for trajectory in bar]
+    finally:
+        for policy in {id(p): p for p in players.values() if not isinstance(p, str)}.values():
+            policy.close()

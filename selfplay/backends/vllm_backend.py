@@ -79,6 +79,8 @@ class VLLMBackend(PolicyBackend):
         max_model_len: int | None = None,
         **engine_kwargs: Any,
     ):
+        # vLLM logs every engine detail at INFO; keep a run's output readable unless asked.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         from vllm import LLM  # imported here: vllm is an optional dependency
 
         for fixed in ("logprobs_mode", "worker_extension_cls"):
