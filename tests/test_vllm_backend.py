@@ -19,8 +19,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from selfplay.backends.base import SamplingSettings, save_weights  # noqa: E402
 from selfplay.backends.vllm_backend import VLLMBackend  # noqa: E402
-from selfplay.games import make_env  # noqa: E402
+from selfplay.games import InvalidMovePolicy, make_env  # noqa: E402
 from selfplay.prompts import opening_messages, prompt_ids  # noqa: E402
+from selfplay.rollouts import RolloutEngine, RolloutSettings  # noqa: E402
+from tests.test_rollouts import check_well_formed, mixed_matches  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -155,6 +157,25 @@ def test_sampler_logprobs_match_transformers(backend, prompts, hf_model, tempera
 def test_temperature_with_top_p_is_refused(backend, prompts):
     with pytest.raises(ValueError, match="top_p"):
         backend.generate(prompts[:1], SamplingSettings(temperature=0.7, top_p=0.9))
+
+
+def test_rollouts_with_mixed_games_and_agents_are_well_formed(backend, tokenizer):
+    matches = mixed_matches(12)
+    settings = RolloutSettings(sampling=SamplingSettings(max_new_tokens=12, seed=5), invalid_moves=InvalidMovePolicy(2))
+    players = {"policy": backend, "random": "random", "mcts": "mcts:20"}
+    trajectories = list(RolloutEngine(players, settings).run(matches))
+    check_well_formed(trajectories, matches, tokenizer)
+    assert sum(len(t.turns) for t in trajectories) >= 24
+    # Same seeds, same games: the same moves. Log-probabilities may differ in the last digits,
+    # since a second run reads prompts from vLLM's prefix cache and batches them differently.
+    again = list(RolloutEngine(players, settings).run(matches))
+    assert [t.result for t in again] == [t.result for t in trajectories]
+    assert [[turn.response_ids for turn in t.turns] for t in again] == [
+        [turn.response_ids for turn in t.turns] for t in trajectories
+    ]
+    for first, second in zip(trajectories, again):
+        for a, b in zip(first.turns, second.turns):
+            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
 
 
 def test_close_releases_the_engine_and_another_can_start(tiny_model_dir, prompts):
