@@ -108,10 +108,13 @@ def make_game(spec: str) -> TextGame:
         if adapter not in ADAPTERS:
             raise UnknownGameError(f"Unknown adapter '{adapter}:' in '{spec}'. {_spec_help()}")
         return _load(ADAPTERS[adapter])(name, **params)
-    games = registered_games()
-    if name not in games:
-        raise UnknownGameError(f"Unknown game '{name}'. {_spec_help()}")
-    factory = games[name]()
+    if name in NATIVE_GAMES:  # found without scanning every installed package's entry points
+        factory = _load(NATIVE_GAMES[name])
+    else:
+        games = registered_games()
+        if name not in games:
+            raise UnknownGameError(f"Unknown game '{name}'. {_spec_help()}")
+        factory = games[name]()
     try:
         return factory(**params)
     except TypeError as err:

@@ -29,8 +29,13 @@ def plain_prompt(messages: list[Message]) -> str:
 
 def prompt_ids(tokenizer, messages: list[Message]) -> list[int]:
     """Token ids of `messages` followed by the cue for the assistant's reply."""
+    return batch_prompt_ids(tokenizer, [messages])[0]
+
+
+def batch_prompt_ids(tokenizer, conversations: list[list[Message]]) -> list[list[int]]:
+    """`prompt_ids` of many conversations, tokenized in one (parallel) call."""
     if tokenizer.chat_template:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        texts = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in conversations]
     else:
-        text = plain_prompt(messages)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+        texts = [plain_prompt(m) for m in conversations]
+    return tokenizer(texts, add_special_tokens=False)["input_ids"]

@@ -21,7 +21,7 @@ import numpy as np
 from selfplay.agents import Agent, make_agent
 from selfplay.backends import Generation, PolicyBackend, SamplingSettings
 from selfplay.games import InvalidMovePolicy, TextGameEnv, UnfinishedOutput, make_env
-from selfplay.prompts import Message, ObservationMode, opening_messages, prompt_ids
+from selfplay.prompts import Message, ObservationMode, batch_prompt_ids, opening_messages
 from selfplay.records import MatchResult, Trajectory, Turn
 
 Player = PolicyBackend | str  # a model policy, or a scripted agent spec
@@ -141,7 +141,7 @@ class RolloutEngine:
         backend = self.players[label]
         seats = [game.env.possible_agents.index(game.env.agent_selection) for game in games]
         messages = [self._messages(game, seat) for game, seat in zip(games, seats)]
-        prompts = [prompt_ids(backend.tokenizer, m) for m in messages]
+        prompts = batch_prompt_ids(backend.tokenizer, messages)
         seed = int(np.random.SeedSequence([self.settings.sampling.seed, tick]).generate_state(1)[0])
         generations = backend.generate(prompts, replace(self.settings.sampling, seed=seed))
         for game, seat, chat, prompt, generation in zip(games, seats, messages, prompts, generations):
