@@ -18,6 +18,7 @@ import time
 
 from selfplay.backends import SamplingSettings, make_backend
 from selfplay.default_model import resolve_model
+from selfplay.games import InvalidMovePolicy
 from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
 
 
@@ -40,10 +41,10 @@ class RecordingBackend:
         return generations
 
 
-def rollout(backend, games, episodes, concurrency, sampling, seed=0):
+def rollout(backend, games, episodes, concurrency, sampling, retries, seed=0):
     recorder = RecordingBackend(backend)
     matches = [MatchSpec(games[i % len(games)], ("policy", "policy"), seed + i) for i in range(episodes)]
-    settings = RolloutSettings(sampling=sampling, concurrency=concurrency)
+    settings = RolloutSettings(sampling=sampling, concurrency=concurrency, invalid_moves=InvalidMovePolicy(retries))
     start = time.perf_counter()
     trajectories = list(RolloutEngine({"policy": recorder}, settings).run(matches))
     seconds = time.perf_counter() - start
@@ -66,19 +67,23 @@ def main() -> None:
     parser.add_argument("--sequential-episodes", type=int, default=16)
     parser.add_argument("--memory-concurrent", type=int, default=1024)
     parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--retries", type=int, default=0, help="attempts after an invalid move, to lengthen games")
     args = parser.parse_args()
 
     backend = make_backend(args.backend, resolve_model(args.model))
     sampling = SamplingSettings(max_new_tokens=args.max_new_tokens, temperature=1.0)
-    rollout(backend, args.games, 8, 8, sampling)  # warm-up
+    rollout(backend, args.games, 8, 8, sampling, args.retries)  # warm-up
 
-    print(f"backend {args.backend}, model {args.model}, games {', '.join(args.games)}, self-play\n")
+    print(
+        f"backend {args.backend}, model {args.model}, games {', '.join(args.games)}, self-play, "
+        f"max {args.max_new_tokens} new tokens, {args.retries} retries\n"
+    )
     rows = []
     for label, concurrency, episodes in (
         (f"{args.concurrent} games in flight", args.concurrent, args.episodes),
         ("one game at a time", 1, args.sequential_episodes),
     ):
-        recorder, seconds, trajectories = rollout(backend, args.games, episodes, concurrency, sampling)
+        recorder, seconds, trajectories = rollout(backend, args.games, episodes, concurrency, sampling, args.retries)
         bare_tokens, bare_seconds = replay(backend, recorder.calls)
         assert bare_tokens == recorder.tokens, "replay must regenerate the same tokens"
         turns = sum(len(t.turns) for t in trajectories)
@@ -97,7 +102,7 @@ def main() -> None:
             f"{rollout_rate / best_bare:>16.3f} {mean_batch:>11.1f}"
         )
 
-    rollout(backend, args.games, args.memory_concurrent, args.memory_concurrent, sampling)
+    rollout(backend, args.games, args.memory_concurrent, args.memory_concurrent, sampling, args.retries)
     backend.close()  # engine processes report their peak once they have exited
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
