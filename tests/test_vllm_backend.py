@@ -154,6 +154,14 @@ def test_sampler_logprobs_match_transformers(backend, prompts, hf_model, tempera
     assert gap_to_wrong > 100 * LOGPROB_TOLERANCE
 
 
+def test_seeded_batch_larger_than_one_engine_step(backend, prompts):
+    """More prompt tokens than vLLM schedules in one step: on CPU this once crashed the engine."""
+    many = (prompts * 40)[:40]
+    assert sum(map(len, many)) > 4096
+    generations = backend.generate(many, SamplingSettings(max_new_tokens=4, seed=11))
+    assert len(generations) == len(many)
+
+
 def test_temperature_with_top_p_is_refused(backend, prompts):
     with pytest.raises(ValueError, match="top_p"):
         backend.generate(prompts[:1], SamplingSettings(temperature=0.7, top_p=0.9))

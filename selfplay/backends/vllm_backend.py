@@ -115,6 +115,10 @@ class VLLMBackend(PolicyBackend):
             # Skip torch.compile (inductor), which adds its compile time to every start-up and
             # is not needed for the small models run on CPU; CUDA graphs do not exist there.
             kwargs["enforce_eager"] = True
+            # A prefill split over steps rewinds a seeded request's generator offset, which
+            # CPU generators do not support ("CPU Generator does not use offset"): any batch
+            # of seeded prompts over max_num_batched_tokens would kill the engine.
+            kwargs["enable_chunked_prefill"] = False
         kwargs.update(engine_kwargs)
         self.llm = LLM(**kwargs)
         self._logprobs_mode = "processed_logprobs"
