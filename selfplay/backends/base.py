@@ -52,6 +52,23 @@ class PolicyBackend(ABC):
         """Release the engine's processes and memory."""
 
 
+def cut_at_stop(tokens: list[int], logprobs: list[float], eos_ids, tokenizer, version: int) -> Generation:
+    """A `Generation` from sampled tokens: cut after the first stop token, which stays in the
+    record (the learner trains on the decision to stop) but not in the text."""
+    stop = next((i for i, t in enumerate(tokens) if t in eos_ids), None)
+    if stop is None:
+        kept, finish_reason, text_tokens = len(tokens), "length", tokens
+    else:
+        kept, finish_reason, text_tokens = stop + 1, "stop", tokens[:stop]
+    return Generation(
+        token_ids=tuple(tokens[:kept]),
+        logprobs=tuple(logprobs[:kept]),
+        text=tokenizer.decode(text_tokens),
+        finish_reason=finish_reason,
+        policy_version=version,
+    )
+
+
 def save_weights(model, path: Path) -> Path:
     """Write a torch model's weights where `PolicyBackend.load_weights` reads them: a
     safetensors file, written to a temporary name and renamed so no reader sees half a file."""

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from selfplay.backends.base import Generation, PolicyBackend, SamplingSettings
+from selfplay.backends.base import Generation, PolicyBackend, SamplingSettings, cut_at_stop
 
 
 class HFBackend(PolicyBackend):
@@ -76,22 +76,10 @@ class HFBackend(PolicyBackend):
         if not greedy:
             logits = logits / sampling.temperature
         logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
-        return [self._to_generation(new_tokens[row].tolist(), logprobs[row].tolist()) for row in range(len(prompts))]
-
-    def _to_generation(self, tokens: list[int], logprobs: list[float]) -> Generation:
-        stop = next((i for i, t in enumerate(tokens) if t in self.eos_ids), None)
-        if stop is None:
-            kept, finish_reason, text_tokens = len(tokens), "length", tokens
-        else:
-            # The stop token stays in the record: the learner trains on the decision to stop.
-            kept, finish_reason, text_tokens = stop + 1, "stop", tokens[:stop]
-        return Generation(
-            token_ids=tuple(tokens[:kept]),
-            logprobs=tuple(logprobs[:kept]),
-            text=self.tokenizer.decode(text_tokens),
-            finish_reason=finish_reason,
-            policy_version=self.version,
-        )
+        return [
+            cut_at_stop(new_tokens[row].tolist(), logprobs[row].tolist(), self.eos_ids, self.tokenizer, self.version)
+            for row in range(len(prompts))
+        ]
 
     def load_weights(self, path: Path, version: int) -> None:
         load_model(self.model, str(path), device=self.device)

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from selfplay.backends.base import Generation, PolicyBackend, SamplingSettings
+from selfplay.backends.base import Generation, PolicyBackend, SamplingSettings, cut_at_stop
 from selfplay.errors import UserError
 
 WORKER_EXTENSION = "selfplay.backends.vllm_worker.SelfplayWorkerExtension"
@@ -177,19 +177,7 @@ class VLLMBackend(PolicyBackend):
         logprobs = [step[token].logprob for token, step in zip(tokens, completion.logprobs)]
         if len(logprobs) != len(tokens):
             raise RuntimeError(f"vLLM returned {len(logprobs)} logprobs for {len(tokens)} tokens")
-        stop = next((i for i, t in enumerate(tokens) if t in self.eos_ids), None)
-        if stop is None:
-            kept, finish_reason, text_tokens = len(tokens), "length", tokens
-        else:
-            # The stop token stays in the record: the learner trains on the decision to stop.
-            kept, finish_reason, text_tokens = stop + 1, "stop", tokens[:stop]
-        return Generation(
-            token_ids=tuple(tokens[:kept]),
-            logprobs=tuple(logprobs[:kept]),
-            text=self.tokenizer.decode(text_tokens),
-            finish_reason=finish_reason,
-            policy_version=self.version,
-        )
+        return cut_at_stop(tokens, logprobs, self.eos_ids, self.tokenizer, self.version)
 
     def load_weights(self, path: Path, version: int) -> None:
         path = Path(path).resolve()
