@@ -167,6 +167,14 @@ class TextGameEnv(AECEnv):
         if seed is not None:
             self._rng = np.random.default_rng(seed)
         self.game.reset(self._rng)
+        self.start_episode()
+
+    def start_episode(self) -> None:
+        """Begin an episode at the game's current state without resetting the game.
+
+        `reset` deals a fresh game and calls this; a probe that has put the game in a chosen
+        position (for example with `OpenSpielGame.reset_to`) calls it directly.
+        """
         self.agents = self.possible_agents[:]
         self.rewards = {a: 0.0 for a in self.agents}
         self._cumulative_rewards = {a: 0.0 for a in self.agents}

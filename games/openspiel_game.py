@@ -10,6 +10,8 @@ exploitability use.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pyspiel
 
@@ -52,6 +54,14 @@ class OpenSpielGame(TextGame):
     def reset(self, rng: np.random.Generator) -> None:
         self._rng = rng
         self.state = self.spiel_game.new_initial_state()
+        self._play_chance()
+
+    def reset_to(self, history: Sequence[int]) -> None:
+        """Start an episode at the state OpenSpiel reaches by playing `history` (chance outcomes
+        included) from the initial state; chance nodes after it are sampled as in `reset`."""
+        self.state = self.spiel_game.new_initial_state()
+        for action in history:
+            self.state.apply_action(action)
         self._play_chance()
 
     def _play_chance(self) -> None:

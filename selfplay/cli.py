@@ -47,6 +47,18 @@ def _cmd_play(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_train(args: argparse.Namespace) -> int:
+    from selfplay.train import train_command
+
+    config, overrides = args.config, args.overrides
+    if config is not None and "=" in config:  # `--resume RUN_DIR steps=40`: no config file, only overrides
+        config, overrides = None, [config, *overrides]
+    metrics = train_command(config, overrides, args.resume, progress=not args.no_progress)
+    summary = {k: round(v, 4) for k, v in metrics.items() if k.startswith(("reward/", "vs/", "turns/invalid"))}
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
 def _cmd_games_list(args: argparse.Namespace) -> int:
     rows = describe_games()
     width = max(len(name) for name, _ in rows)
@@ -123,6 +135,20 @@ def build_parser() -> argparse.ArgumentParser:
     play.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     play.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     play.set_defaults(run=_cmd_play)
+
+    train = commands.add_parser(
+        "train",
+        help="train a policy by self-play",
+        description="Train one shared policy by self-play, as a YAML config says. Checkpoints, the "
+        "config and TensorBoard logs go to the config's run_dir.",
+    )
+    train.add_argument("config", nargs="?", help="YAML config, e.g. configs/quickstart.yaml")
+    train.add_argument(
+        "overrides", nargs="*", help="dotted overrides, e.g. steps=20 learner.lr=1e-5 rollout.games_per_step=32"
+    )
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    train.set_defaults(run=_cmd_train)
 
     games = commands.add_parser("games", help="list the games", description="Inspect the game registry.")
     games_commands = games.add_subparsers(dest="games_command", required=True, metavar="COMMAND")

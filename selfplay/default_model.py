@@ -5,10 +5,16 @@ here: a byte-level BPE tokenizer trained on the text of selfplay's own games, wi
 chat template, and a small Qwen2 causal LM (head size 64, which vLLM's CPU backend supports),
 saved as an ordinary Hugging Face model directory. `model: default` names it; any Hugging
 Face model name or local path works through the same setting.
+
+Like a pretrained base model, the default model starts out writing well-formed answers: it is
+warm-started on random legal play (`selfplay.warm_start`), once, and cached under
+SELFPLAY_HOME.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import random
 from collections.abc import Iterator
@@ -28,6 +34,9 @@ MODEL_SHAPE = dict(
     hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=2
 )
 MAX_POSITIONS = 8192
+# Bumped whenever the recipe changes, so that a cached default model is rebuilt.
+DEFAULT_MODEL_VERSION = 2
+BUILD_INFO = "selfplay_build.json"
 
 
 def selfplay_home() -> Path:
@@ -39,13 +48,43 @@ def default_model_dir() -> Path:
 
 
 def resolve_model(name_or_path: str) -> str:
-    """A loadable model name or path; `default` is built on first use."""
+    """A loadable model name or path; `default` is built on first use (a few minutes, once)."""
     if name_or_path != DEFAULT_MODEL:
         return name_or_path
     path = default_model_dir()
-    if not (path / "config.json").exists():
-        build_untrained(path)
+    if not is_current_build(path):
+        with _build_lock(path):
+            if not is_current_build(path):  # another process may have built it meanwhile
+                from selfplay.warm_start import build_default_model
+
+                build_default_model(path)
     return str(path)
+
+
+def is_current_build(path: Path) -> bool:
+    """Whether `path` holds a default model built by the current recipe."""
+    try:
+        info = json.loads((Path(path) / BUILD_INFO).read_text())
+    except (OSError, ValueError):
+        return False
+    return info.get("version") == DEFAULT_MODEL_VERSION and (Path(path) / "config.json").exists()
+
+
+@contextlib.contextmanager
+def _build_lock(path: Path):
+    """An exclusive lock beside `path`, so that concurrent processes build it once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: build without a lock
+        yield
+        return
+    with open(path.parent / f".{path.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def game_corpus(games_per_game: int = 40, seed: int = 0) -> Iterator[str]:

@@ -9,6 +9,7 @@ another machine with a shared filesystem) loads them without pickling tensors.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,13 +70,17 @@ def cut_at_stop(tokens: list[int], logprobs: list[float], eos_ids, tokenizer, ve
     )
 
 
-def save_weights(model, path: Path) -> Path:
-    """Write a torch model's weights where `PolicyBackend.load_weights` reads them: a
-    safetensors file, written to a temporary name and renamed so no reader sees half a file."""
-    from safetensors.torch import save_model
+def save_weights(weights, path: Path) -> Path:
+    """Write weights where `PolicyBackend.load_weights` reads them: a safetensors file, written
+    to a temporary name and renamed so no reader sees half a file. `weights` is a torch model
+    (its tied tensors are written once) or a mapping of names to tensors, each written once."""
+    from safetensors.torch import save_file, save_model
 
     path = Path(path)
     partial = path.with_name(path.name + ".partial")
-    save_model(model, str(partial))
+    if isinstance(weights, Mapping):
+        save_file({name: tensor.contiguous() for name, tensor in weights.items()}, str(partial), {"format": "pt"})
+    else:
+        save_model(weights, str(partial))
     partial.replace(path)
     return path

@@ -1,0 +1,203 @@
+"""Advantage estimators: how much better than expected each language-model turn did.
+
+Each estimator turns a batch of finished trajectories into one advantage per turn, which the
+learner multiplies into the policy-gradient loss. They differ in the baseline they subtract:
+
+- ``rae``: SPIRAL's role-conditioned advantage estimation, an EMA baseline per (game, role)
+  carried from batch to batch;
+- ``turn_level``: MARS's per-turn rewards summed forward per player, then normalised per
+  (game, role) across the batch;
+- ``grpo`` / ``dr_grpo`` / ``rloo``: group baselines over repeated plays of the same game start;
+- ``trr++``: Absolute Zero's whitening of returns per (task type x role) across the batch;
+- ``reinforce``: the raw return, no baseline.
+
+The unit an estimator scores is a seat's part of one trajectory: the turns that seat played,
+with the seat's final return ``trajectory.result.rewards[seat]``. A seat with no turns (an
+opponent the caller does not train, whose turns were stripped) touches no baseline or
+statistic. Turns are grouped by ``key(turn)``, by default ``(game, role)``; a seat whose turns
+fall under several keys counts once under each.
+
+Pure functions of plain data, no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from selfplay.errors import UserError
+from selfplay.records import Trajectory, Turn
+
+Key = Hashable
+KeyFn = Callable[[Turn], Hashable]
+Advantages = list[tuple[float, ...]]  # one tuple per trajectory, one advantage per turn
+
+ESTIMATORS = ("rae", "turn_level", "grpo", "dr_grpo", "rloo", "trr++", "reinforce")
+
+
+def role_key(turn: Turn) -> tuple[str, str]:
+    """The default grouping: one baseline per role in each game."""
+    return (turn.game, turn.role)
+
+
+def _parts(trajectory: Trajectory, key: KeyFn) -> list[tuple[Hashable, float, list[int]]]:
+    """(key, seat return, indices of its turns) for each seat and key with turns, in order of first turn."""
+    parts: dict[tuple[int, Hashable], list[int]] = {}
+    for index, turn in enumerate(trajectory.turns):
+        parts.setdefault((turn.seat, key(turn)), []).append(index)
+    return [(k, float(trajectory.result.rewards[seat]), indices) for (seat, k), indices in parts.items()]
+
+
+def _assemble(trajectories: Sequence[Trajectory], values: Iterable[tuple[int, list[int], float]]) -> Advantages:
+    """Place (trajectory index, turn indices, advantage) triples into per-turn tuples."""
+    table = [[0.0] * len(t.turns) for t in trajectories]
+    for traj_index, indices, value in values:
+        for index in indices:
+            table[traj_index][index] = value
+    return [tuple(row) for row in table]
+
+
+def _whiten(values: Sequence[float], eps: float, scale: bool = True) -> list[float]:
+    """Centre (and scale) a group of values; a lone value carries no comparison, so it gets 0."""
+    if len(values) < 2:
+        return [0.0] * len(values)
+    array = np.asarray(values, dtype=np.float64)
+    centred = array - array.mean()
+    if scale:
+        centred = centred / (array.std() + eps)
+    return [float(v) for v in centred]
+
+
+def _whiten_groups(groups: Mapping[Hashable, list[tuple[int, list[int], float]]], eps: float, scale: bool = True):
+    """Whiten the values of each group of (trajectory index, turn indices, value) entries separately."""
+    for entries in groups.values():
+        for (traj_index, indices, _), value in zip(entries, _whiten([e[2] for e in entries], eps, scale)):
+            yield traj_index, indices, value
+
+
+def rae(
+    trajectories: Sequence[Trajectory],
+    baselines: Mapping[Key, float],
+    decay: float = 0.95,
+    key: KeyFn = role_key,
+) -> tuple[Advantages, dict[Key, float]]:
+    """SPIRAL's role-conditioned advantages: A = R - b[key], then b <- decay*b + (1-decay)*R.
+
+    Trajectories update the baselines in order; returns the advantages and the new baselines.
+    """
+    if not 0.0 <= decay <= 1.0:
+        raise UserError(f"the RAE baseline decay must lie in [0, 1], got {decay}")
+    updated = dict(baselines)
+    values = []
+    for traj_index, trajectory in enumerate(trajectories):
+        for k, ret, indices in _parts(trajectory, key):
+            old = updated.get(k, 0.0)
+            # The advantage uses the baseline from before this return, as SPIRAL's reference does,
+            # so a return is never compared against a baseline it has already moved.
+            values.append((traj_index, indices, ret - old))
+            updated[k] = decay * old + (1.0 - decay) * ret
+    return _assemble(trajectories, values), updated
+
+
+def turn_level_returns(
+    trajectories: Sequence[Trajectory],
+    key: KeyFn = role_key,
+    valid_turn_bonus: float = 0.0,
+    eps: float = 1e-6,
+) -> Advantages:
+    """MARS's turn-level returns: per-turn rewards summed forward per seat, normalised per key over the batch."""
+    groups: dict[Hashable, list[tuple[int, list[int], float]]] = {}
+    for traj_index, trajectory in enumerate(trajectories):
+        by_seat: dict[int, list[int]] = {}
+        for index, turn in enumerate(trajectory.turns):
+            by_seat.setdefault(turn.seat, []).append(index)
+        for seat, indices in by_seat.items():
+            turns = [trajectory.turns[i] for i in indices]
+            rewards = [t.reward + (0.0 if t.invalid else valid_turn_bonus) for t in turns]
+            # The game's outcome often lands after the opponent's reply, outside any of this seat's turns:
+            # whatever of the final return the turn rewards have not paid yet belongs to the seat's last move.
+            rewards[-1] += trajectory.result.rewards[seat] - sum(t.reward for t in turns)
+            to_go = np.cumsum(rewards[::-1])[::-1]
+            for index, turn, value in zip(indices, turns, to_go):
+                groups.setdefault(key(turn), []).append((traj_index, [index], float(value)))
+    return _assemble(trajectories, _whiten_groups(groups, eps))
+
+
+def _start_groups(trajectories: Sequence[Trajectory], key: KeyFn) -> dict[Hashable, list[tuple[int, list[int], float]]]:
+    """Seat returns grouped by key and game start (game, seed): repeated plays of the same position."""
+    groups: dict[Hashable, list[tuple[int, list[int], float]]] = {}
+    for traj_index, trajectory in enumerate(trajectories):
+        for k, ret, indices in _parts(trajectory, key):
+            group = (k, trajectory.result.game, trajectory.result.seed)
+            groups.setdefault(group, []).append((traj_index, indices, ret))
+    return groups
+
+
+def grpo(
+    trajectories: Sequence[Trajectory], key: KeyFn = role_key, scale: bool = True, eps: float = 1e-6
+) -> Advantages:
+    """GRPO: seat return minus its group's mean, divided by the group's std unless `scale` is off (Dr.GRPO)."""
+    return _assemble(trajectories, _whiten_groups(_start_groups(trajectories, key), eps, scale))
+
+
+def rloo(trajectories: Sequence[Trajectory], key: KeyFn = role_key) -> Advantages:
+    """REINFORCE leave-one-out: seat return minus the mean return of the other members of its group."""
+    values = []
+    for entries in _start_groups(trajectories, key).values():
+        total, n = sum(e[2] for e in entries), len(entries)
+        for traj_index, indices, ret in entries:
+            values.append((traj_index, indices, (ret - (total - ret) / (n - 1)) if n > 1 else 0.0))
+    return _assemble(trajectories, values)
+
+
+def trr_plus_plus(trajectories: Sequence[Trajectory], key: KeyFn = role_key, eps: float = 1e-6) -> Advantages:
+    """Absolute Zero's TRR++: seat returns whitened separately per key (task type x role) over the batch."""
+    groups: dict[Hashable, list[tuple[int, list[int], float]]] = {}
+    for traj_index, trajectory in enumerate(trajectories):
+        for k, ret, indices in _parts(trajectory, key):
+            groups.setdefault(k, []).append((traj_index, indices, ret))
+    return _assemble(trajectories, _whiten_groups(groups, eps))
+
+
+def reinforce(trajectories: Sequence[Trajectory]) -> Advantages:
+    """Plain REINFORCE: every turn gets its seat's final return."""
+    return [tuple(float(t.result.rewards[turn.seat]) for turn in t.turns) for t in trajectories]
+
+
+def estimate(
+    name: str,
+    trajectories: Sequence[Trajectory],
+    baselines: Mapping[Key, float],
+    *,
+    decay: float = 0.95,
+    key: KeyFn = role_key,
+) -> tuple[Advantages, dict[Key, float]]:
+    """Run the estimator called `name`; returns the advantages and the baselines to carry to the next batch."""
+    if name == "rae":
+        return rae(trajectories, baselines, decay=decay, key=key)
+    stateless: dict[str, Callable[[], Advantages]] = {
+        "turn_level": lambda: turn_level_returns(trajectories, key=key),
+        "grpo": lambda: grpo(trajectories, key=key),
+        "dr_grpo": lambda: grpo(trajectories, key=key, scale=False),
+        "rloo": lambda: rloo(trajectories, key=key),
+        "trr++": lambda: trr_plus_plus(trajectories, key=key),
+        "reinforce": lambda: reinforce(trajectories),
+    }
+    if name not in stateless:
+        raise UserError(f"unknown advantage estimator {name!r}; choose one of: {', '.join(ESTIMATORS)}")
+    return stateless[name](), dict(baselines)
+
+
+def advantage_stats(advantages: Advantages) -> dict[str, float]:
+    """Mean, std, min, max and fraction of exact zeros over all turns, for logging."""
+    flat = np.asarray([a for row in advantages for a in row], dtype=np.float64)
+    if flat.size == 0:
+        return {"mean": 0.0, "std": 0.0, "min": 0.0, "max": 0.0, "zero_fraction": 0.0}
+    return {
+        "mean": float(flat.mean()),
+        "std": float(flat.std()),
+        "min": float(flat.min()),
+        "max": float(flat.max()),
+        "zero_fraction": float(np.mean(flat == 0.0)),
+    }

@@ -1,0 +1,265 @@
+"""The learner: one shared policy, trained on the turns of every role it played.
+
+Each update takes `Sample`s (a turn's prompt and response ids, the sampler's log-probs and the
+turn's advantage) and runs a policy-gradient loss over the response tokens:
+
+- `ppo`: the clipped surrogate, with ratios against the learner's own log-probs before the
+  update; `reinforce`: advantage times log-probability.
+- Truncated importance sampling corrects for the sampler (vLLM kernels, or a stale version)
+  differing from the learner: each token's loss is weighted by
+  min(exp(learner_logprob - sampler_logprob), importance_clip), as TRL and verl do.
+- Optional KL penalty towards the frozen initial policy (k3 estimator, per token).
+- Token aggregation: `token_mean` over all tokens of a minibatch, `seq_mean_token_mean`
+  (mean per response, then over responses), or `token_sum` over a fixed length (Dr.GRPO).
+
+Minibatches are split into micro-batches by token count and gradients accumulate across them,
+so memory is bounded whatever the number of samples.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from selfplay.backends.base import save_weights
+from selfplay.config import LearnerConfig
+from selfplay.scoring import response_logprobs
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One turn to learn from."""
+
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+    sampler_logprobs: tuple[float, ...]
+    advantage: float
+
+
+class Learner:
+    def __init__(
+        self,
+        model_path: str,
+        config: LearnerConfig,
+        *,
+        temperature: float = 1.0,
+        token_sum_length: int = 64,
+        device: str | None = None,
+        seed: int = 0,
+        resume_from: str | Path | None = None,
+    ):
+        """`model_path` is the initial policy (and the KL reference); `resume_from` a model
+        directory written by `save_pretrained` to continue from."""
+        self.config = config
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.token_sum_length = config.token_sum_length or token_sum_length
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        torch.manual_seed(seed)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.lora = config.lora.rank > 0
+        weights = resume_from if resume_from is not None and not self.lora else model_path
+        model = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32).to(self.device)
+        self.tied_embeddings = bool(getattr(model.config, "tie_word_embeddings", False))
+        if self.lora:
+            model = _with_lora(model, config, Path(resume_from) / "adapter" if resume_from is not None else None)
+        self.model = model
+        self.model.train()
+        # With LoRA the reference policy is the base model with adapters switched off; without,
+        # a frozen copy, loaded only when the KL penalty needs it.
+        self.reference = None
+        if config.kl_coef > 0 and not self.lora:
+            self.reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)
+            self.reference.eval().requires_grad_(False)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
+
+    # -- the update ----------------------------------------------------------------------------
+
+    def update(self, samples: Sequence[Sample]) -> dict[str, float]:
+        """One learning step on `samples`: `epochs` passes of `minibatches` optimizer steps.
+        Returns the statistics TensorBoard shows (means over all tokens of the step)."""
+        samples = [s for s in samples if s.response_ids]
+        if not samples:
+            return {}
+        config = self.config
+        reused = config.epochs * config.minibatches > 1
+        # PPO needs the pre-update log-probs only when samples are seen after a first step.
+        old = self._logprobs(samples, grad=False) if reused else None
+        reference = self._reference_logprobs(samples) if config.kl_coef > 0 else None
+        steps = []
+        for _ in range(config.epochs):
+            order = torch.randperm(len(samples)).tolist()
+            for part in range(min(config.minibatches, len(samples))):
+                steps.append(self._minibatch_step(samples, order[part :: config.minibatches], old, reference))
+        stats = {name: sum(step[name] for step in steps) / len(steps) for name in steps[0]}
+        stats["ratio_max"] = max(step["ratio_max"] for step in steps)
+        stats["tokens"] = sum(len(s.response_ids) for s in samples)
+        return stats
+
+    def _minibatch_step(self, samples, indices, old, reference) -> dict[str, float]:
+        config = self.config
+        lengths = [len(samples[i].response_ids) for i in indices]
+        if config.aggregation == "token_mean":
+            weights = [1.0 / sum(lengths)] * len(indices)
+        elif config.aggregation == "seq_mean_token_mean":
+            weights = [1.0 / (n * len(indices)) for n in lengths]
+        else:  # token_sum over a fixed length
+            weights = [1.0 / (self.token_sum_length * len(indices))] * len(indices)
+        weight_of = dict(zip(indices, weights))
+        sums = dict.fromkeys(("loss", "clip_fraction", "kl", "ratio", "ratio_max", "ratio_clipped"), 0.0)
+        tokens = 0
+        self.optimizer.zero_grad(set_to_none=True)
+        for chunk in _micro_batches(indices, samples, config.micro_batch_tokens):
+            batch = [samples[i] for i in chunk]
+            with self._autocast():
+                logprobs = response_logprobs(
+                    self.model, [s.prompt_ids for s in batch], [s.response_ids for s in batch], self.temperature
+                )
+            loss = 0.0
+            for sample_index, sample, logp in zip(chunk, batch, logprobs):
+                weight = weight_of[sample_index]
+                logp = logp.float()
+                before = old[sample_index] if old is not None else logp.detach()
+                sampler = torch.tensor(sample.sampler_logprobs, device=logp.device)
+                ratio_to_sampler = torch.exp(before - sampler)
+                importance = (
+                    ratio_to_sampler.clamp(max=config.importance_clip)
+                    if config.importance_clip is not None
+                    else ratio_to_sampler
+                )
+                advantage = sample.advantage
+                if config.loss == "ppo":
+                    ratio = torch.exp(logp - before)
+                    clipped = ratio.clamp(1 - config.clip, 1 + config.clip)
+                    surrogate = torch.minimum(ratio * advantage, clipped * advantage)
+                    sums["clip_fraction"] += ((ratio - clipped).abs() > 1e-6).float().sum().item()
+                else:
+                    surrogate = logp * advantage
+                token_loss = -importance * surrogate
+                if reference is not None:
+                    log_ratio = reference[sample_index] - logp
+                    kl = torch.exp(log_ratio) - log_ratio - 1
+                    token_loss = token_loss + config.kl_coef * kl
+                    sums["kl"] += kl.detach().sum().item()
+                loss = loss + weight * token_loss.sum()
+                sums["ratio"] += ratio_to_sampler.sum().item()
+                sums["ratio_max"] = max(sums["ratio_max"], ratio_to_sampler.max().item())
+                if config.importance_clip is not None:
+                    sums["ratio_clipped"] += (ratio_to_sampler > config.importance_clip).float().sum().item()
+                tokens += len(logp)
+            loss.backward()
+            sums["loss"] += loss.item()
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            [p for p in self.model.parameters() if p.requires_grad], config.max_grad_norm
+        )
+        self.optimizer.step()
+        ratio_max = sums.pop("ratio_max")
+        loss = sums.pop("loss")
+        stats = {name: value / tokens for name, value in sums.items()}
+        stats.update(loss=loss, ratio_max=ratio_max, grad_norm=float(grad_norm))
+        return stats
+
+    def _logprobs(self, samples: Sequence[Sample], grad: bool, model=None) -> list[torch.Tensor]:
+        model = model or self.model
+        out: list[torch.Tensor | None] = [None] * len(samples)
+        with torch.set_grad_enabled(grad), self._autocast():
+            for chunk in _micro_batches(range(len(samples)), samples, self.config.micro_batch_tokens):
+                batch = [samples[i] for i in chunk]
+                scored = response_logprobs(
+                    model, [s.prompt_ids for s in batch], [s.response_ids for s in batch], self.temperature
+                )
+                for i, logp in zip(chunk, scored):
+                    out[i] = logp.float()
+        return out
+
+    def _reference_logprobs(self, samples: Sequence[Sample]) -> list[torch.Tensor]:
+        if self.lora:
+            with self.model.disable_adapter():
+                return self._logprobs(samples, grad=False)
+        return self._logprobs(samples, grad=False, model=self.reference)
+
+    def _autocast(self):
+        if self.config.precision == "bf16":
+            return torch.autocast(device_type=torch.device(self.device).type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    # -- weights out ---------------------------------------------------------------------------
+
+    def policy_state_dict(self) -> dict[str, torch.Tensor]:
+        """The policy's weights under the base model's own names (LoRA merged in), each tensor
+        once: what a backend or `from_pretrained` loads."""
+        if not self.lora:
+            state = self.model.state_dict()
+        else:
+            base = self.model.get_base_model()
+            with _merged(self.model):
+                state = {
+                    name.replace(".base_layer.", "."): tensor.detach().clone()
+                    for name, tensor in base.state_dict().items()
+                    if "lora_" not in name
+                }
+        if self.tied_embeddings:
+            state.pop("lm_head.weight", None)
+        return state
+
+    def export_weights(self, path: Path) -> Path:
+        """Write the policy's weights for `PolicyBackend.load_weights`."""
+        return save_weights(self.policy_state_dict(), path)
+
+    def save_pretrained(self, directory: Path) -> None:
+        """A Hugging Face model directory (safetensors) of the policy, LoRA merged in; with LoRA
+        the adapter itself goes to `adapter/` beside it, for resuming."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        base = self.model.get_base_model() if self.lora else self.model
+        base.config.save_pretrained(directory)
+        if base.generation_config is not None:
+            base.generation_config.save_pretrained(directory)
+        save_weights(self.policy_state_dict(), directory / "model.safetensors")
+        self.tokenizer.save_pretrained(directory)
+        if self.lora:
+            self.model.save_pretrained(directory / "adapter")
+
+
+def _with_lora(model, config: LearnerConfig, adapter_path: str | Path | None):
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if adapter_path is not None:
+        return PeftModel.from_pretrained(model, str(adapter_path), is_trainable=True)
+    lora = LoraConfig(
+        r=config.lora.rank,
+        lora_alpha=config.lora.alpha,
+        lora_dropout=config.lora.dropout,
+        target_modules=list(config.lora.target_modules),
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, lora)
+
+
+@contextlib.contextmanager
+def _merged(peft_model):
+    peft_model.merge_adapter()
+    try:
+        yield
+    finally:
+        peft_model.unmerge_adapter()
+
+
+def _micro_batches(indices: Sequence[int], samples: Sequence[Sample], max_tokens: int) -> Iterator[list[int]]:
+    """`indices` in consecutive groups whose padded size stays within `max_tokens`."""
+    chunk: list[int] = []
+    widest = 0
+    for i in indices:
+        size = len(samples[i].prompt_ids) + len(samples[i].response_ids)
+        if chunk and max(widest, size) * (len(chunk) + 1) > max_tokens:
+            yield chunk
+            chunk, widest = [], 0
+        chunk.append(i)
+        widest = max(widest, size)
+    if chunk:
+        yield chunk

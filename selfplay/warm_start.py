@@ -1,0 +1,480 @@
+"""Warm-starting the default model: supervised fine-tuning on random legal play.
+
+Reinforcement learning from a pretrained base model starts from a policy that already writes
+well-formed answers. The default model is built from scratch, so it gets there here: it is
+fine-tuned to imitate a *random legal* player of every native game, in both observation
+modes, so that it writes `\\boxed{move}` with a legal move and then stops, while its choice
+among the legal moves stays broad. Learning which legal move is a good one is left to RL.
+
+Prompts are rendered with `selfplay.prompts`, exactly as the rollout engine renders them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from selfplay.default_model import BUILD_INFO, DEFAULT_MODEL_VERSION, build_untrained
+from selfplay.prompts import Message, ObservationMode, batch_prompt_ids, opening_messages, prompt_ids
+
+EOS_TOKEN = "<|im_end|>"
+# Share of multi-turn examples: a chat holds every state a player saw and every move it made.
+MULTI_TURN_SHARE = 0.125
+# Longer multi-turn chats fall back to a single-turn prompt (training cost grows with length).
+MAX_PROMPT_TOKENS = 768
+# The build settings of the default model, measured to take about three minutes on two CPU cores.
+STEPS = 400
+BATCH_SIZE = 16
+LR = 3e-3
+# The size of an average example (prompt and response), for sizing batches by tokens.
+EXAMPLE_TOKENS = 360
+# Share of training batches per game (easy games get fewer).
+GAME_WEIGHTS = {
+    "tictactoe": 1.5,
+    "connect_four": 0.4,
+    "kuhn_poker": 0.4,
+    "leduc_holdem": 0.6,
+    "liars_dice": 1.0,
+    "nim": 2.0,
+    "negotiation": 4.0,
+}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One move of random legal play, as the mover's chat would show it."""
+
+    game: str
+    mode: ObservationMode
+    messages: list[Message]  # ends with the user message holding the current state
+    move: str
+    answer: str  # the move in the game's answer format, e.g. "\\boxed{4}"
+    legal_moves: tuple[str, ...]
+    legal_answers: tuple[str, ...]  # every legal move in the answer format
+
+
+def random_legal_play(
+    seed: int = 0, games: Sequence[str] | None = None, multi_turn_share: float = MULTI_TURN_SHARE
+) -> Iterator[Decision]:
+    """Endless decisions of uniformly random legal players, cycling through `games` (every
+    native game by default) one move at a time so each game gets an equal share.
+
+    Each player's chat is kept for the whole episode; a decision is shown as a multi-turn chat
+    with probability `multi_turn_share` (when the player has moved before), else single-turn.
+    """
+    from selfplay.games import make_env
+    from selfplay.games.registry import NATIVE_GAMES
+
+    names = list(games or NATIVE_GAMES)
+    rng = random.Random(seed)
+    envs = {name: make_env(name) for name in names}
+    chats: dict[str, dict[str, list[Message]]] = {}
+
+    def new_episode(name: str) -> None:
+        env = envs[name]
+        env.reset(seed=rng.randrange(2**31))
+        chats[name] = {agent: [] for agent in env.possible_agents}
+
+    for name in names:
+        new_episode(name)
+    while True:
+        for name in names:
+            env = envs[name]
+            agent = env.agent_selection
+            observation = env.observe(agent)
+            chat = chats[name][agent]
+            multi = bool(chat) and rng.random() < multi_turn_share
+            if chat:
+                chat.append({"role": "user", "content": observation["state"]})
+            else:
+                chat.extend(opening_messages(observation))
+            legal = tuple(env.legal_moves())
+            move = rng.choice(legal)
+            answer = env.answer(move)
+            messages = list(chat) if multi else opening_messages(observation)
+            answers = tuple(env.answer(m) for m in legal)
+            yield Decision(name, "multi_turn" if multi else "single_turn", messages, move, answer, legal, answers)
+            chat.append({"role": "assistant", "content": answer})
+            env.step(answer)
+            if env.end_reason is not None:
+                new_episode(name)
+
+
+def _encode(decision: Decision, tokenizer, eos: int, max_prompt_tokens: int) -> tuple[list[int], list[int]]:
+    prompt = prompt_ids(tokenizer, decision.messages)
+    if len(prompt) > max_prompt_tokens and decision.mode == "multi_turn":
+        prompt = prompt_ids(tokenizer, [decision.messages[0], decision.messages[-1]])
+    response = tokenizer(decision.answer, add_special_tokens=False)["input_ids"] + [eos]
+    return prompt, response
+
+
+def legal_play_examples(
+    seed: int,
+    tokenizer,
+    *,
+    games: Sequence[str] | None = None,
+    multi_turn_share: float = MULTI_TURN_SHARE,
+    max_prompt_tokens: int = MAX_PROMPT_TOKENS,
+) -> Iterator[tuple[list[int], list[int]]]:
+    """Endless (prompt_ids, response_ids) pairs from `random_legal_play`: the prompt as the
+    rollout engine renders it, the response the answer text followed by the end-of-turn
+    token, so the model learns to stop. A multi-turn chat longer than `max_prompt_tokens`
+    is shown single-turn instead."""
+    eos = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    for decision in random_legal_play(seed, games, multi_turn_share):
+        yield _encode(decision, tokenizer, eos, max_prompt_tokens)
+
+
+SoftTargets = list[tuple[tuple[int, ...], tuple[float, ...]]]
+
+
+def policy_targets(response: list[int], legal_responses: list[list[int]]) -> SoftTargets:
+    """The random legal player's next-token distribution at each token of `response`: at
+    position j, the share of legal responses that agree with `response` before j and continue
+    with each token (legal moves being equally likely). Training on these instead of the
+    sampled token alone gives the same optimum with far less noise."""
+    alive = legal_responses
+    targets = []
+    for j, token in enumerate(response):
+        counts = Counter(r[j] for r in alive if len(r) > j)
+        total = sum(counts.values())
+        targets.append((tuple(counts), tuple(c / total for c in counts.values())))
+        alive = [r for r in alive if len(r) > j and r[j] == token]
+    return targets
+
+
+def _training_examples(
+    seed: int, tokenizer, games: Sequence[str], max_prompt_tokens: int = MAX_PROMPT_TOKENS
+) -> Iterator[tuple[list[int], list[int], SoftTargets]]:
+    """`legal_play_examples` with the random legal player's distribution at every response token."""
+    eos = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    encoded: dict[str, list[int]] = {}  # answers recur (a game has few distinct moves)
+    for decision in random_legal_play(seed, games):
+        prompt, response = _encode(decision, tokenizer, eos, max_prompt_tokens)
+        new = [a for a in decision.legal_answers if a not in encoded]
+        if new:
+            for answer, ids in zip(new, tokenizer(new, add_special_tokens=False)["input_ids"]):
+                encoded[answer] = ids + [eos]
+        yield prompt, response, policy_targets(response, [encoded[a] for a in decision.legal_answers])
+
+
+# -- supervised fine-tuning ---------------------------------------------------------------------
+
+
+def _batches(seed: int, tokenizer, batch_size: int, games: dict[str, float], pool: int = 256):
+    """Endless batches, each of one game (so its prompts share the rules as a prefix), games
+    drawn in proportion to `games`' weights. Batches are sized by tokens: about `batch_size`
+    examples of `EXAMPLE_TOKENS` tokens each, so games with short prompts get more examples
+    per batch and every step costs about the same. Within a game, `pool` examples at a time
+    are sorted by length and cut into batches, so little compute goes on padding."""
+    names = list(games)
+    rng = random.Random(seed)
+    streams = {name: _training_examples(seed * 1000 + i, tokenizer, [name]) for i, name in enumerate(names)}
+    queued: dict[str, list] = {name: [] for name in names}
+    budget = batch_size * EXAMPLE_TOKENS
+    while True:
+        name = rng.choices(names, weights=[games[n] for n in names])[0]
+        if not queued[name]:
+            chunk = [next(streams[name]) for _ in range(pool)]
+            chunk.sort(key=lambda example: len(example[0]) + len(example[1]))
+            batches, current = [], []
+            for example in chunk:  # the longest of its batch so far, the chunk being sorted
+                if current and (len(current) + 1) * (len(example[0]) + len(example[1])) > budget:
+                    batches.append(current)
+                    current = []
+                current.append(example)
+            batches.append(current)
+            rng.shuffle(batches)
+            queued[name] = batches
+        yield queued[name].pop()
+
+
+def _collate(batch: list[tuple[list[int], list[int], SoftTargets]], pad_id: int, vocab_size: int):
+    """The batch as the prefix its prompts share (kept shorter than every prompt) and the
+    right-padded rest, with the positions (in the rest) of the response tokens and the target
+    distribution at each.
+
+    Padding goes on the right, after every real token, so causal attention needs no mask.
+    """
+    import torch
+
+    first = batch[0][0]
+    shared = min(len(p) for p, _, _ in batch) - 1
+    for prompt, _, _ in batch[1:]:
+        shared = next((i for i in range(shared) if prompt[i] != first[i]), shared)
+    width = max(len(p) + len(r) for p, r, _ in batch) - 1 - shared
+    rest = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    rows, cols = [], []
+    targets = torch.zeros((sum(len(r) for _, r, _ in batch), vocab_size))
+    for row, (prompt, response, soft) in enumerate(batch):
+        seq = (prompt + response)[shared:-1]
+        rest[row, : len(seq)] = torch.tensor(seq)
+        for j, (ids, probs) in enumerate(soft):
+            targets[len(rows), list(ids)] = torch.tensor(probs)
+            rows.append(row)
+            cols.append(len(prompt) - 1 + j - shared)
+    prefix = torch.tensor([first[:shared]], dtype=torch.long)
+    return prefix, rest, torch.tensor(rows), torch.tensor(cols), targets
+
+
+def _loss(model, prefix, rest, rows, cols, targets):
+    """Cross-entropy of the model's next-token distribution at the response positions against
+    the target distributions, and the KL divergence (the part above the targets' entropy).
+    The shared prefix runs once and its keys and values are repeated across the batch (the
+    gradient is the same as running it per row); the output head runs on the response only."""
+    import torch
+
+    cache = None
+    if prefix.shape[1]:
+        cache = model.model(input_ids=prefix, use_cache=True).past_key_values
+        cache.batch_repeat_interleave(rest.shape[0])
+    hidden = model.model(input_ids=rest, past_key_values=cache, use_cache=cache is not None).last_hidden_state
+    logprobs = torch.log_softmax(model.lm_head(hidden[rows, cols]).float(), dim=-1)
+    cross_entropy = -(targets * logprobs).sum(-1).mean()
+    entropy = -(targets * torch.log(targets.clamp_min(1e-12))).sum(-1).mean()
+    return cross_entropy, (cross_entropy - entropy).detach()
+
+
+def warm_start(
+    model_dir: str | Path,
+    out_dir: str | Path | None = None,
+    *,
+    steps: int = STEPS,
+    batch_size: int = BATCH_SIZE,
+    lr: float = LR,
+    warmup: float = 0.05,
+    weight_decay: float = 0.01,
+    max_grad_norm: float = 1.0,
+    seed: int = 0,
+    games: dict[str, float] | None = None,
+    progress: bool = True,
+) -> dict:
+    """Fine-tune the model in `model_dir` on random legal play (loss on response tokens only):
+    AdamW, linear warm-up then cosine decay to a tenth of `lr`, gradient clipping. The same
+    seed gives the same weights. Saves a Hugging Face model directory (safetensors and
+    tokenizer) to `out_dir`, or back to `model_dir`; returns the losses and the time taken."""
+    import torch
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    started = time.perf_counter()
+    model_dir = Path(model_dir)
+    out_dir = Path(out_dir) if out_dir is not None else model_dir
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.train()
+    torch.manual_seed(seed)
+
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
+    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr,
+        betas=(0.9, 0.98),
+    )
+    warmup_steps = max(1, int(warmup * steps))
+
+    def schedule(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress_ = (step - warmup_steps) / max(1, steps - warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress_))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    weights = dict(GAME_WEIGHTS) if games is None else dict(games)
+    batches = _batches(seed, tokenizer, batch_size, weights)
+
+    losses = []
+    bar = tqdm(range(steps), desc="warm start", unit="step", disable=not progress)
+    for _ in bar:
+        loss, kl = _loss(model, *_collate(next(batches), pad_id, model.config.vocab_size))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        losses.append(kl.item())
+        bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
+
+    model.eval()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    return {"losses": losses, "seconds": time.perf_counter() - started}
+
+
+def build_default_model(
+    out_dir: str | Path,
+    *,
+    steps: int = STEPS,
+    batch_size: int = BATCH_SIZE,
+    lr: float = LR,
+    seed: int = 0,
+    progress: bool = True,
+) -> Path:
+    """The `default` model: the untrained model from `build_untrained`, warm-started on random
+    legal play. Built in a scratch directory and moved into place, so an interrupted build
+    never leaves a half-made model behind."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    try:
+        started = time.perf_counter()
+        build_untrained(scratch, seed=seed)
+        result = warm_start(scratch, steps=steps, batch_size=batch_size, lr=lr, seed=seed, progress=progress)
+        info = {
+            "version": DEFAULT_MODEL_VERSION,
+            "recipe": "build_untrained + warm_start on random legal play",
+            "steps": steps,
+            "batch_size": batch_size,
+            "lr": lr,
+            "seed": seed,
+            "final_kl": sum(result["losses"][-50:]) / len(result["losses"][-50:]),
+            "seconds": round(time.perf_counter() - started, 1),
+        }
+        (scratch / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        scratch.rename(out_dir)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return out_dir
+
+
+# -- measuring -----------------------------------------------------------------------------------
+
+
+def random_positions(game: str, n: int, seed: int = 0) -> Iterator:
+    """`n` environments, each at a uniformly chosen decision point of a random legal game."""
+    from selfplay.games import make_env
+
+    rng = random.Random(f"positions-{game}-{seed}")
+    for _ in range(n):
+        env_seed = rng.randrange(2**31)
+        env = make_env(game)
+        env.reset(seed=env_seed)
+        moves = []
+        while env.end_reason is None:
+            moves.append(rng.choice(env.legal_moves()))
+            env.step(env.answer(moves[-1]))
+        env.reset(seed=env_seed)
+        for move in moves[: rng.randrange(len(moves))]:
+            env.step(env.answer(move))
+        yield env
+
+
+def sample_moves(
+    model_dir: str | Path,
+    game: str,
+    n: int = 200,
+    seed: int = 0,
+    *,
+    temperature: float = 1.0,
+    max_new_tokens: int = 16,
+    batch_size: int = 64,
+    model=None,
+    tokenizer=None,
+) -> list[str | None]:
+    """The move the model names at each of `n` random positions of `game` (single-turn
+    prompts, sampled with `model.generate`, batched with left padding); None where its output
+    names no legal move."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_dir)
+    model = model or AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    eos = model.generation_config.eos_token_id
+    eos_ids = sorted(set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id})
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    envs = list(random_positions(game, n, seed))
+    prompts = batch_prompt_ids(tokenizer, [opening_messages(env.observe(env.agent_selection)) for env in envs])
+    moves: list[str | None] = []
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed)
+        for start in range(0, n, batch_size):
+            chunk = prompts[start : start + batch_size]
+            width = max(len(p) for p in chunk)
+            input_ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+            attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)
+            for row, prompt in enumerate(chunk):
+                input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
+                attention_mask[row, width - len(prompt) :] = 1
+            out = model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                do_sample=True,
+                temperature=temperature,
+                top_p=None,
+                top_k=None,
+                max_new_tokens=max_new_tokens,
+                eos_token_id=eos_ids,
+                pad_token_id=pad_id,
+            )
+            for row, env in enumerate(envs[start : start + len(chunk)]):
+                text = tokenizer.decode(out[row, width:], skip_special_tokens=True)
+                moves.append(env.parse(text))
+    return moves
+
+
+def legal_move_rate(model_dir: str | Path, game: str, n: int = 200, seed: int = 0, **kwargs) -> float:
+    """Share of `n` fresh random positions of `game` where the model, sampling at temperature
+    1.0 with at most 16 new tokens from a single-turn prompt, names a legal move."""
+    moves = sample_moves(model_dir, game, n, seed, **kwargs)
+    return sum(move is not None for move in moves) / len(moves)
+
+
+def move_spread(moves: Sequence[str | None]) -> dict:
+    """How broad a sample of moves is: distinct legal moves named and the top move's share."""
+    named = Counter(m for m in moves if m is not None)
+    total = sum(named.values())
+    top = named.most_common(1)[0][1] / total if total else 0.0
+    return {"distinct": len(named), "top_share": top}
+
+
+def report(model_dir: str | Path, n: int = 200, seed: int = 0, games: Sequence[str] | None = None) -> dict:
+    """Legal-move rate and move spread of the model in `model_dir` on every native game."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from selfplay.games.registry import NATIVE_GAMES
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    rows = {}
+    for game in games or NATIVE_GAMES:
+        moves = sample_moves(model_dir, game, n, seed, model=model, tokenizer=tokenizer)
+        rows[game] = {"legal": sum(m is not None for m in moves) / n, **move_spread(moves)}
+    return rows
+
+
+if __name__ == "__main__":
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description="Warm-start a model on random legal play, or measure one.")
+    parser.add_argument("model_dir")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--steps", type=int, default=STEPS)
+    parser.add_argument("--batch-size", type=int, default=BATCH_SIZE)
+    parser.add_argument("--lr", type=float, default=LR)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--measure-only", action="store_true")
+    parser.add_argument("--n", type=int, default=200)
+    args = parser.parse_args()
+    target = args.model_dir
+    if not args.measure_only:
+        result = warm_start(
+            args.model_dir, args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed
+        )
+        print(f"trained in {result['seconds']:.1f}s, final loss {sum(result['losses'][-20:]) / 20:.4f}")
+        target = args.out or args.model_dir
+    print(json.dumps(report(target, n=args.n), indent=1))

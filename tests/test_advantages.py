@@ -1,0 +1,257 @@
+"""The advantage estimators against hand-computed numbers: RAE's baselines, MARS's returns-to-go, the group
+and per-key baselines, and the dispatcher the trainer calls."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+import pytest
+
+from selfplay.advantages import (
+    ESTIMATORS,
+    advantage_stats,
+    estimate,
+    grpo,
+    rae,
+    reinforce,
+    rloo,
+    role_key,
+    trr_plus_plus,
+    turn_level_returns,
+)
+from selfplay.errors import UserError
+from selfplay.records import MatchResult, Trajectory, Turn
+
+P0, P1 = ("ttt", "player_0"), ("ttt", "player_1")
+ROOT_1_5 = 1.224744871  # sqrt(1.5): the whitened extremes of three evenly spaced values
+
+
+def turn(seat: int, reward: float = 0.0, *, game: str = "ttt", role: str | None = None, invalid: bool = False) -> Turn:
+    return Turn(
+        game=game,
+        match_seed=0,
+        seat=seat,
+        role=role or f"player_{seat}",
+        agent="policy",
+        policy_version=0,
+        prompt_ids=(1,),
+        response_ids=(2,),
+        logprobs=(-0.5,),
+        text="\\boxed{0}",
+        finish_reason="stop",
+        invalid=invalid,
+        reward=reward,
+    )
+
+
+def traj(rewards: tuple[float, ...], turns: list[Turn], *, game: str = "ttt", seed: int = 0) -> Trajectory:
+    result = MatchResult(
+        game=game,
+        seed=seed,
+        players=("policy",) * len(rewards),
+        rewards=rewards,
+        invalid_moves=(0,) * len(rewards),
+        turns=len(turns),
+        end_reason="game_over",
+    )
+    return Trajectory(result, tuple(turns))
+
+
+def alternating(rewards: tuple[float, ...], n: int = 3, *, game: str = "ttt", seed: int = 0) -> Trajectory:
+    """A two-seat game of `n` turns starting with seat 0."""
+    return traj(rewards, [turn(i % 2, game=game) for i in range(n)], game=game, seed=seed)
+
+
+def close(values):
+    # Whitening divides by std + 1e-6, which moves results by about 1e-6 relative.
+    return pytest.approx(values, abs=1e-5)
+
+
+def assert_close(actual, expected):
+    """Advantages match `expected` in shape (turns per trajectory) and, within rounding, in value."""
+    assert [len(row) for row in actual] == [len(row) for row in expected]
+    assert [a for row in actual for a in row] == close([e for row in expected for e in row])
+
+
+# ---- RAE ----
+
+
+def test_rae_ema_baselines_over_three_trajectories():
+    batch = [alternating((1.0, -1.0)), alternating((1.0, -1.0)), alternating((-1.0, 1.0))]
+    advantages, baselines = rae(batch, {})
+    # b0: 0 -> 0.05 -> 0.95*0.05 + 0.05 = 0.0975 -> 0.95*0.0975 - 0.05 = 0.042625; b1 mirrors it.
+    assert_close(advantages, [(1.0, -1.0, 1.0), (0.95, -0.95, 0.95), (-1.0975, 1.0975, -1.0975)])
+    assert baselines == close({P0: 0.042625, P1: -0.042625})
+
+
+def test_rae_reads_the_baseline_before_updating_and_leaves_the_input_alone():
+    start = {P0: 0.5}
+    advantages, baselines = rae([traj((1.0, -1.0), [turn(0)])], MappingProxyType(start))
+    assert_close(advantages, [(0.5,)])  # 1 - 0.5, not 1 - (0.95*0.5 + 0.05*1)
+    assert baselines == close({P0: 0.525})
+    assert start == {P0: 0.5}
+
+
+def test_rae_keeps_one_baseline_per_game_and_role():
+    batch = [alternating((1.0, -1.0), 2), alternating((1.0, -1.0), 2, game="kuhn")]
+    advantages, baselines = rae(batch, {}, decay=0.9)
+    assert_close(advantages, [(1.0, -1.0), (1.0, -1.0)])  # kuhn does not see ttt's baselines
+    assert baselines == close({P0: 0.1, P1: -0.1, ("kuhn", "player_0"): 0.1, ("kuhn", "player_1"): -0.1})
+
+
+def test_rae_leaves_seats_without_turns_untouched():
+    # Seat 1 was a random opponent: its turns were stripped, so its baseline must not move.
+    advantages, baselines = rae([traj((1.0, -1.0), [turn(0), turn(0)])], {P1: 0.3})
+    assert_close(advantages, [(1.0, 1.0)])
+    assert baselines == close({P0: 0.05, P1: 0.3})
+
+
+def test_rae_with_a_custom_key_shares_a_baseline_between_seats_in_turn_order():
+    # Seat 0 sees b = 0 and moves it to 0.05; seat 1 then sees 0.05 and moves it to 0.95*0.05 - 0.05.
+    advantages, baselines = rae([alternating((1.0, -1.0), 2)], {}, key=lambda t: t.game)
+    assert_close(advantages, [(1.0, -1.05)])
+    assert baselines == close({"ttt": -0.0025})
+
+
+def test_rae_rejects_a_decay_outside_the_unit_interval():
+    with pytest.raises(UserError, match="decay"):
+        rae([], {}, decay=1.5)
+
+
+# ---- MARS turn-level returns ----
+
+
+def test_turn_level_gives_the_unpaid_final_reward_to_the_last_turn_and_sums_forward():
+    # Seat 0's rewards 0, 0.5, 0 pay 0.5 of its return 2; the other 1.5 lands on its last turn:
+    # r = [0, 0.5, 1.5], returns-to-go G = [2, 2, 1.5]; mean 11/6, std sqrt(1/18).
+    batch = [traj((2.0, -2.0), [turn(0, 0.0), turn(0, 0.5), turn(0, 0.0)])]
+    assert_close(turn_level_returns(batch), [(0.707106781, 0.707106781, -1.414213562)])
+
+
+def test_turn_level_separates_seats_and_adds_the_valid_turn_bonus():
+    # Seat 0 wins on its third move: r = [0.5, 0.5, 1.5], G = [2.5, 2, 1.5] -> [+sqrt 1.5, 0, -sqrt 1.5].
+    # Seat 1's -1 arrives after seat 0's last move: r = [0.5, 0.5 - 1], G = [0, -0.5] -> [1, -1].
+    moves = [turn(0), turn(1), turn(0), turn(1), turn(0, 1.0)]
+    advantages = turn_level_returns([traj((1.0, -1.0), moves)], valid_turn_bonus=0.5)
+    assert_close(advantages, [(ROOT_1_5, 1.0, 0.0, -1.0, -ROOT_1_5)])
+
+
+def test_turn_level_gives_no_bonus_to_invalid_turns_and_normalises_across_the_batch():
+    # With bonus 1: game A r = [1, -1] (the invalid move earns no bonus), G = [0, -1]; game B G = [1].
+    # One (game, role) group over the batch: [0, -1, 1] -> [0, -sqrt 1.5, +sqrt 1.5].
+    batch = [
+        traj((-1.0, 0.5), [turn(0), turn(0, -1.0, invalid=True)], seed=1),
+        traj((0.0, 0.0), [turn(0)], seed=2),
+    ]
+    assert_close(turn_level_returns(batch, valid_turn_bonus=1.0), [(0.0, -ROOT_1_5), (ROOT_1_5,)])
+
+
+def test_turn_level_gives_zero_to_a_lone_value():
+    assert turn_level_returns([traj((1.0, -1.0), [turn(0, 1.0), turn(1)])]) == [(0.0, 0.0)]
+
+
+# ---- GRPO, Dr.GRPO and RLOO ----
+
+# Three plays of ttt seed 7 (player_0 returns 1, 1, -1), one of seed 8 and one of kuhn seed 7: lone groups.
+GROUPED = [
+    alternating((1.0, -1.0), 2, seed=7),
+    alternating((1.0, -1.0), 2, seed=7),
+    alternating((-1.0, 1.0), 2, seed=7),
+    alternating((1.0, -1.0), 2, seed=8),
+    alternating((1.0, -1.0), 2, game="kuhn", seed=7),
+]
+
+
+def test_grpo_whitens_returns_within_each_game_start():
+    # player_0: mean 1/3, std sqrt(8/9); deviations 2/3, 2/3, -4/3.
+    assert_close(
+        grpo(GROUPED),
+        [
+            (0.707106781, -0.707106781),
+            (0.707106781, -0.707106781),
+            (-1.414213562, 1.414213562),
+            (0.0, 0.0),
+            (0.0, 0.0),
+        ],
+    )
+
+
+def test_dr_grpo_skips_the_std_division():
+    assert_close(
+        grpo(GROUPED, scale=False), [(2 / 3, -2 / 3), (2 / 3, -2 / 3), (-4 / 3, 4 / 3), (0.0, 0.0), (0.0, 0.0)]
+    )
+
+
+def test_rloo_subtracts_the_mean_of_the_other_members():
+    # player_0: 1 - (1 - 1)/2 = 1, twice; -1 - (1 + 1)/2 = -2.
+    assert_close(rloo(GROUPED), [(1.0, -1.0), (1.0, -1.0), (-2.0, 2.0), (0.0, 0.0), (0.0, 0.0)])
+
+
+def test_group_estimators_skip_seats_without_turns():
+    # One key for both seats; seat 1 has no turns, so only seat 0's returns 3 and 1 form the group.
+    batch = [traj((3.0, 10.0), [turn(0)], seed=7), traj((1.0, 10.0), [turn(0)], seed=7)]
+    by_game = {"key": lambda t: t.game}
+    assert_close(grpo(batch, **by_game, scale=False), [(1.0,), (-1.0,)])
+    assert_close(rloo(batch, **by_game), [(2.0,), (-2.0,)])
+    assert_close(trr_plus_plus(batch, **by_game), [(1.0,), (-1.0,)])
+
+
+# ---- TRR++ and REINFORCE ----
+
+
+def test_trr_plus_plus_whitens_per_key_across_the_whole_batch():
+    # Proposer returns 2, 0, 1 over three different tasks (seeds): mean 1, std sqrt(2/3).
+    # The solver's returns 0.5, 0.5, 0.5 have no spread: 0. The lone kuhn proposer: 0.
+    def task(proposer: float, seed: int, game: str = "code") -> Trajectory:
+        moves = [turn(0, game=game, role="proposer"), turn(1, game=game, role="solver")]
+        return traj((proposer, 0.5), moves, game=game, seed=seed)
+
+    batch = [task(2.0, 1), task(0.0, 2), task(1.0, 3), task(5.0, 1, game="kuhn")]
+    expected = [(ROOT_1_5, 0.0), (-ROOT_1_5, 0.0), (0.0, 0.0), (0.0, 0.0)]
+    assert_close(trr_plus_plus(batch), expected)
+
+
+def test_reinforce_uses_the_raw_return():
+    assert reinforce([alternating((1.0, -1.0)), traj((0.5, 0.0), [turn(1)])]) == [(1.0, -1.0, 1.0), (0.0,)]
+
+
+# ---- dispatcher and statistics ----
+
+
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_every_estimator_aligns_one_advantage_with_each_turn(name):
+    batch = [alternating((1.0, -1.0), 3, seed=1), traj((0.0, 0.0), []), alternating((-1.0, 1.0), 4, seed=1)]
+    start = {P0: 0.2}
+    advantages, baselines = estimate(name, batch, start)
+    assert [len(a) for a in advantages] == [3, 0, 4]
+    assert all(isinstance(a, float) for row in advantages for a in row)
+    assert baselines is not start and start == {P0: 0.2}
+    if name != "rae":
+        assert baselines == start
+
+
+def test_estimate_dispatches_with_the_given_settings():
+    batch = GROUPED[:3]
+    assert estimate("dr_grpo", batch, {})[0] == grpo(batch, scale=False)
+    assert estimate("grpo", batch, {})[0] == grpo(batch)
+    assert estimate("rae", batch, {}, decay=0.5) == rae(batch, {}, decay=0.5)
+    by_game = estimate("trr++", batch, {}, key=lambda t: t.game)[0]
+    assert by_game == trr_plus_plus(batch, key=lambda t: t.game)
+
+
+def test_estimate_rejects_an_unknown_name_listing_the_valid_ones():
+    with pytest.raises(UserError, match="ppo") as error:
+        estimate("ppo", [], {})
+    assert all(name in str(error.value) for name in ESTIMATORS)
+
+
+def test_role_key_is_game_and_role():
+    assert role_key(turn(1, game="kuhn")) == ("kuhn", "player_1")
+
+
+def test_advantage_stats():
+    stats = advantage_stats([(1.0, 0.0), (), (-1.0, 0.0)])
+    assert stats == close({"mean": 0.0, "std": 0.707106781, "min": -1.0, "max": 1.0, "zero_fraction": 0.5})
+    zeros = {"mean": 0.0, "std": 0.0, "min": 0.0, "max": 0.0, "zero_fraction": 0.0}
+    assert advantage_stats([]) == zeros
+    assert advantage_stats([()]) == zeros

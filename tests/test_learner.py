@@ -1,0 +1,132 @@
+"""The learner: losses move the policy the right way, and its weights reach a backend."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from selfplay.backends import SamplingSettings
+from selfplay.backends.hf_backend import HFBackend
+from selfplay.config import LearnerConfig, LoraConfig
+from selfplay.games import make_env
+from selfplay.learner import Learner, Sample
+from selfplay.prompts import opening_messages, prompt_ids
+from selfplay.scoring import response_logprobs
+
+
+@pytest.fixture(scope="module")
+def prompt(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    env = make_env("tictactoe")
+    env.reset(seed=0)
+    return prompt_ids(AutoTokenizer.from_pretrained(tiny_model_dir), opening_messages(env.observe("player_0")))
+
+
+def sampled(learner, prompt, response, advantage, shift=0.0):
+    """A sample whose sampler log-probs are the learner's own, shifted by `shift`."""
+    with torch.no_grad():
+        (logp,) = response_logprobs(learner.model, [prompt], [response])
+    return Sample(tuple(prompt), tuple(response), tuple((logp + shift).tolist()), advantage)
+
+
+def total_logprob(learner, prompt, response):
+    with torch.no_grad():
+        return response_logprobs(learner.model, [prompt], [response])[0].sum().item()
+
+
+@pytest.mark.parametrize("loss", ["ppo", "reinforce"])
+def test_positive_advantage_makes_a_response_likelier_and_negative_less(tiny_model_dir, prompt, loss):
+    learner = Learner(str(tiny_model_dir), LearnerConfig(loss=loss, lr=1e-3), seed=0)
+    good, bad = [11, 12, 13], [21, 22]
+    before = total_logprob(learner, prompt, good), total_logprob(learner, prompt, bad)
+    for _ in range(3):
+        learner.update([sampled(learner, prompt, good, 1.0), sampled(learner, prompt, bad, -1.0)])
+    after = total_logprob(learner, prompt, good), total_logprob(learner, prompt, bad)
+    assert after[0] > before[0] + 0.1 and after[1] < before[1] - 0.1
+
+
+def test_aggregations_scale_the_loss_as_documented(tiny_model_dir, prompt):
+    response = [5, 6, 7, 8]
+    losses = {}
+    for aggregation in ("token_mean", "seq_mean_token_mean", "token_sum"):
+        config = LearnerConfig(loss="reinforce", lr=0.0, aggregation=aggregation, token_sum_length=16)
+        learner = Learner(str(tiny_model_dir), config, seed=0)
+        samples = [sampled(learner, prompt, response, 1.0), sampled(learner, prompt, response[:2], 1.0)]
+        losses[aggregation] = learner.update(samples)["loss"]
+        logps = [sum(s.sampler_logprobs) for s in samples]
+    assert losses["token_mean"] == pytest.approx(-(logps[0] + logps[1]) / 6, rel=1e-4)
+    assert losses["seq_mean_token_mean"] == pytest.approx(-(logps[0] / 4 + logps[1] / 2) / 2, rel=1e-4)
+    assert losses["token_sum"] == pytest.approx(-(logps[0] + logps[1]) / (16 * 2), rel=1e-4)
+
+
+def test_importance_ratio_is_truncated_and_logged(tiny_model_dir, prompt):
+    learner = Learner(str(tiny_model_dir), LearnerConfig(lr=0.0, importance_clip=2.0), seed=0)
+    # The sampler gave each token a third of the learner's probability: ratio 3, clipped at 2.
+    stats = learner.update([sampled(learner, prompt, [5, 6, 7], 1.0, shift=-math.log(3))])
+    assert stats["ratio"] == pytest.approx(3.0, rel=1e-4)
+    assert stats["ratio_max"] == pytest.approx(3.0, rel=1e-4)
+    assert stats["ratio_clipped"] == 1.0
+    clipped_loss = stats["loss"]
+    unclipped = Learner(str(tiny_model_dir), LearnerConfig(lr=0.0, importance_clip=None), seed=0)
+    stats = unclipped.update([sampled(unclipped, prompt, [5, 6, 7], 1.0, shift=-math.log(3))])
+    assert stats["loss"] == pytest.approx(clipped_loss * 1.5, rel=1e-4)
+
+
+def test_kl_penalty_grows_as_the_policy_leaves_the_reference(tiny_model_dir, prompt):
+    learner = Learner(str(tiny_model_dir), LearnerConfig(lr=1e-2, kl_coef=0.1), seed=0)
+    first = learner.update([sampled(learner, prompt, [5, 6, 7], 1.0)])
+    second = learner.update([sampled(learner, prompt, [5, 6, 7], 1.0)])
+    assert first["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert second["kl"] > 1e-4
+
+
+def test_ppo_epochs_clip_the_ratio(tiny_model_dir, prompt):
+    learner = Learner(str(tiny_model_dir), LearnerConfig(lr=5e-2, epochs=4, clip=0.2), seed=0)
+    stats = learner.update([sampled(learner, prompt, [5, 6, 7], 1.0)])
+    assert stats["clip_fraction"] > 0
+
+
+def test_exported_weights_reach_the_backend(tiny_model_dir, prompt, tmp_path):
+    learner = Learner(str(tiny_model_dir), LearnerConfig(lr=1e-2), seed=0)
+    backend = HFBackend(str(tiny_model_dir))
+    greedy = SamplingSettings(max_new_tokens=6, temperature=0.0)
+    before = backend.generate([prompt], greedy)[0]
+    learner.update([sampled(learner, prompt, [5, 6, 7, 8, 9, 10], 1.0)])
+    backend.load_weights(learner.export_weights(tmp_path / "policy.safetensors"), version=1)
+    after = backend.generate([prompt], greedy)[0]
+    assert after.policy_version == 1 and after.token_ids != before.token_ids
+    with torch.no_grad():
+        (expected,) = response_logprobs(learner.model, [prompt], [list(after.token_ids)])
+    assert torch.allclose(torch.tensor(after.logprobs), expected, atol=1e-4)
+
+
+def test_lora_trains_adapters_only_and_exports_merged_weights(tiny_model_dir, prompt, tmp_path):
+    config = LearnerConfig(lr=1e-2, lora=LoraConfig(rank=4, alpha=8.0))
+    learner = Learner(str(tiny_model_dir), config, seed=0)
+    trainable = [n for n, p in learner.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    learner.update([sampled(learner, prompt, [5, 6, 7], 1.0)])
+    learner.save_pretrained(tmp_path / "model")
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert merged.state_dict().keys() == base.state_dict().keys()
+    with torch.no_grad():
+        ours = response_logprobs(learner.model, [prompt], [[5, 6, 7]])[0]
+        theirs = response_logprobs(merged, [prompt], [[5, 6, 7]])[0]
+        untouched = response_logprobs(base, [prompt], [[5, 6, 7]])[0]
+    assert torch.allclose(ours, theirs, atol=1e-4)
+    assert not torch.allclose(ours, untouched, atol=1e-4)
+    resumed = Learner(str(tiny_model_dir), config, seed=0, resume_from=tmp_path / "model")
+    with torch.no_grad():
+        again = response_logprobs(resumed.model, [prompt], [[5, 6, 7]])[0]
+    assert torch.allclose(ours, again, atol=1e-5)
+
+
+def test_bf16_autocast_updates(tiny_model_dir, prompt):
+    learner = Learner(str(tiny_model_dir), LearnerConfig(lr=1e-3, precision="bf16"), seed=0)
+    stats = learner.update([sampled(learner, prompt, [5, 6, 7], 1.0)])
+    assert math.isfinite(stats["loss"]) and stats["grad_norm"] > 0

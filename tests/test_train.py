@@ -1,0 +1,88 @@
+"""End to end: a few training steps on the tiny model, a checkpoint, and a resume."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from selfplay.checkpoint import list_checkpoints
+from selfplay.config import load_config
+from selfplay.errors import UserError
+from selfplay.train import Trainer, step_matches, train_command
+
+TINY = [
+    "steps=2",
+    "checkpoint_every=1",
+    "keep_checkpoints=5",
+    "games={tictactoe: 1, kuhn_poker: 1}",
+    "opponents={self: 1, random: 1}",
+    "rollout.games_per_step=6",
+    "rollout.max_new_tokens=4",
+    "learner.lr=1e-2",
+]
+
+
+def logged_steps(run_dir, tag="reward/mean"):
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    return [event.step for event in events.Scalars(tag)]
+
+
+def test_matches_alternate_seats_and_repeat_starts_per_group():
+    config = load_config(None, ["games={tictactoe: 1}", "opponents={random: 1}", "rollout.games_per_step=8"])
+    matches = step_matches(config, step=3)
+    assert [m.players.index("learner") for m in matches] == [0, 1] * 4
+    assert step_matches(config, step=3) == matches and step_matches(config, step=4) != matches
+    grouped = step_matches(load_config(None, ["advantages.group_size=4", "advantages.estimator=grpo"]), step=1)
+    assert len({m.seed for m in grouped}) == len(grouped) // 4
+
+
+def test_training_moves_weights_syncs_the_backend_and_resumes(tiny_model_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    config = load_config(None, [*TINY, f"model={tiny_model_dir}", f"run_dir={run_dir}"])
+    trainer = Trainer(config, progress=False)
+    initial = {k: v.clone() for k, v in trainer.learner.model.state_dict().items()}
+    trainer.run()
+    trained = trainer.learner.model.state_dict()
+    assert any(not torch.equal(initial[k], trained[k]) for k in initial)
+    # The backend serves what the learner exported after the last step, as that step's version.
+    assert trainer.backend.version == 2
+    served = trainer.backend.model.state_dict()
+    assert all(torch.equal(served[k], trained[k]) for k in trained)
+    synced = load_file(str(run_dir / "sync" / "policy.safetensors"))
+    assert torch.equal(synced["model.embed_tokens.weight"], trained["model.embed_tokens.weight"])
+    assert [p.name for p in list_checkpoints(run_dir)] == ["step-000001", "step-000002"]
+    state = json.loads((run_dir / "checkpoints" / "step-000002" / "trainer_state.json").read_text())
+    assert state["step"] == 2 and state["baselines"]
+    assert logged_steps(run_dir) == [1, 2]
+
+    # A finished run is extended by resuming it with more steps.
+    with pytest.raises(UserError, match="already holds checkpoints"):
+        Trainer(config, progress=False)
+    train_command(None, ["steps=3"], resume=str(run_dir), progress=False)
+    resumed = list_checkpoints(run_dir)[-1]
+    assert resumed.name == "step-000003"
+    assert json.loads((resumed / "trainer_state.json").read_text())["step"] == 3
+    assert logged_steps(run_dir) == [1, 2, 3]
+
+
+def test_resume_replays_a_lost_step_exactly(tiny_model_dir, tmp_path):
+    """Steps after the last checkpoint are lost in a crash; the resumed run redoes them with
+    the same matches, sampling and learner randomness, so it ends where the unbroken run did."""
+    unbroken, broken = tmp_path / "unbroken", tmp_path / "broken"
+    common = [*TINY, f"model={tiny_model_dir}"]
+    Trainer(load_config(None, [*common, f"run_dir={unbroken}"]), progress=False).run()
+    Trainer(load_config(None, [*common, f"run_dir={broken}"]), progress=False).run()
+    # Killed after logging step 2, before its checkpoint was in place.
+    shutil.rmtree(broken / "checkpoints" / "step-000002")
+    assert logged_steps(broken) == [1, 2]
+    train_command(None, [], resume=str(broken), progress=False)
+    a = load_file(str(unbroken / "checkpoints" / "step-000002" / "model.safetensors"))
+    b = load_file(str(broken / "checkpoints" / "step-000002" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert logged_steps(broken) == [1, 2]

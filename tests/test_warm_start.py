@@ -1,0 +1,101 @@
+"""The warm start of the default model: random-legal-play examples and the SFT loop."""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from selfplay.default_model import build_untrained  # noqa: E402
+from selfplay.games.registry import NATIVE_GAMES  # noqa: E402
+from selfplay.warm_start import (  # noqa: E402
+    EOS_TOKEN,
+    legal_move_rate,
+    legal_play_examples,
+    policy_targets,
+    random_legal_play,
+    warm_start,
+)
+
+ASSISTANT_CUE = "<|im_start|>assistant\n"
+
+
+@pytest.fixture(scope="module")
+def untrained(tmp_path_factory):
+    return build_untrained(tmp_path_factory.mktemp("untrained"))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(untrained):
+    return transformers.AutoTokenizer.from_pretrained(untrained)
+
+
+def test_examples_are_well_formed_in_both_modes(tokenizer):
+    eos = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    decisions = random_legal_play(seed=3, multi_turn_share=0.5)
+    examples = legal_play_examples(3, tokenizer, multi_turn_share=0.5, max_prompt_tokens=4096)
+    seen = set()
+    for decision, (prompt, response) in itertools.islice(zip(decisions, examples), 300):
+        seen.add((decision.game, decision.mode))
+        assert response[-1] == eos and eos not in response[:-1]
+        assert tokenizer.decode(response[:-1]) == decision.answer == f"\\boxed{{{decision.move}}}"
+        assert decision.move in decision.legal_moves
+        text = tokenizer.decode(prompt)
+        assert text.endswith(ASSISTANT_CUE)
+        assert text.startswith("<|im_start|>system\n" + decision.messages[0]["content"])
+        assert text.endswith(decision.messages[-1]["content"] + "<|im_end|>\n" + ASSISTANT_CUE)
+        replies = [m for m in decision.messages if m["role"] == "assistant"]
+        assert text.count(ASSISTANT_CUE) == len(replies) + 1
+        if decision.mode == "single_turn":
+            assert [m["role"] for m in decision.messages] == ["system", "user"]
+        else:
+            assert replies and [m["role"] for m in decision.messages[-2:]] == ["assistant", "user"]
+            assert all(re.fullmatch(r"\\boxed\{[^{}]+\}", m["content"]) for m in replies)
+        listed = re.findall(r"Legal moves: (.*)", decision.messages[-1]["content"])
+        if listed:
+            assert decision.move in listed[-1].split(", ")
+    assert {game for game, _ in seen} == set(NATIVE_GAMES)
+    assert {mode for _, mode in seen} == {"single_turn", "multi_turn"}
+
+
+def test_multi_turn_prompts_are_capped(tokenizer):
+    examples = legal_play_examples(0, tokenizer, games=["connect_four"], multi_turn_share=1.0, max_prompt_tokens=600)
+    lengths = [len(prompt) for prompt, _ in itertools.islice(examples, 100)]
+    assert max(lengths) <= 600
+    assert max(lengths) > 400  # some chats with earlier moves fit under the cap
+
+
+def test_policy_targets_are_the_random_legal_players_distribution():
+    legal = [[1, 5, 9], [1, 6, 9], [1, 6, 8, 9], [2, 9]]
+    targets = policy_targets([1, 6, 8, 9], legal)
+    as_dicts = [dict(zip(ids, probs)) for ids, probs in targets]
+    assert as_dicts == [{1: 0.75, 2: 0.25}, {5: 1 / 3, 6: 2 / 3}, {9: 0.5, 8: 0.5}, {9: 1.0}]
+
+
+def test_warm_start_lowers_the_loss_and_saves_a_loadable_model(untrained, tmp_path):
+    out = tmp_path / "warm"
+    result = warm_start(untrained, out, steps=24, batch_size=4, lr=3e-3, seed=0, progress=False)
+    losses = result["losses"]
+    assert len(losses) == 24
+    assert sum(losses[-4:]) / 4 < 0.5 * sum(losses[:4]) / 4
+    model = transformers.AutoModelForCausalLM.from_pretrained(out)
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert model.config.vocab_size >= len(tok)
+    assert (out / "model.safetensors").exists()
+    rate = legal_move_rate(out, "kuhn_poker", n=4, seed=0)
+    assert 0.0 <= rate <= 1.0
+
+
+def test_warm_start_is_deterministic(untrained, tmp_path):
+    for name in ("a", "b"):
+        warm_start(untrained, tmp_path / name, steps=3, batch_size=2, seed=7, progress=False)
+    a = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "a").state_dict()
+    b = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "b").state_dict()
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[key], b[key]) for key in a)
+    c = transformers.AutoModelForCausalLM.from_pretrained(untrained).state_dict()
+    assert not all(torch.equal(a[key], c[key]) for key in a)
