@@ -75,6 +75,7 @@ class TrainConfig:
     backend: Literal["hf", "vllm"] = "hf"
     device: str | None = None  # learner device; null picks cuda when present
     steps: int = 100
+    max_minutes: float | None = None  # stop (with a checkpoint) after the step that passes this wall time
     games: dict[str, float] = field(default_factory=lambda: {"tictactoe": 1.0})  # game spec -> weight
     # Who the learner plays, by weight: "self" is its current policy, anything else an agent
     # spec ("random", "mcts:50", "nash").

@@ -251,10 +251,11 @@ def _merged(peft_model):
 
 
 def _micro_batches(indices: Sequence[int], samples: Sequence[Sample], max_tokens: int) -> Iterator[list[int]]:
-    """`indices` in consecutive groups whose padded size stays within `max_tokens`."""
+    """`indices` in groups whose padded size stays within `max_tokens`, sorted by prompt so
+    that each group's prompts share a long prefix (which `response_hidden` runs once)."""
     chunk: list[int] = []
     widest = 0
-    for i in indices:
+    for i in sorted(indices, key=lambda i: samples[i].prompt_ids):
         size = len(samples[i].prompt_ids) + len(samples[i].response_ids)
         if chunk and max(widest, size) * (len(chunk) + 1) > max_tokens:
             yield chunk

@@ -1,5 +1,5 @@
 """Log-probabilities of given responses under a causal LM: what the learner trains through,
-and what exploitability probes read a model's move probabilities from."""
+what the warm start fits, and what exploitability probes read move probabilities from."""
 
 from __future__ import annotations
 
@@ -8,34 +8,47 @@ from collections.abc import Sequence
 import torch
 
 
+def response_hidden(model, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> torch.Tensor:
+    """The last hidden state at every position that predicts a response token, all responses
+    concatenated in order: shape (total response tokens, hidden size).
+
+    The prompts' common prefix (a game's rules, in practice most of the prompt) runs once and
+    its keys and values are repeated across the batch; gradients through it are the same as
+    running it per row. The rest is right-padded: padding comes after every real token, so
+    causal attention keeps it out without a mask and positions match those at sampling time.
+    """
+    device = next(model.parameters()).device
+    decoder = model.get_decoder()
+    first = prompts[0]
+    shared = min(len(p) for p in prompts) - 1
+    for prompt in prompts[1:]:
+        shared = next((i for i in range(shared) if prompt[i] != first[i]), shared)
+    cache = None
+    if shared > 0:
+        prefix = torch.tensor([list(first[:shared])], device=device)
+        cache = decoder(input_ids=prefix, use_cache=True).past_key_values
+        cache.batch_repeat_interleave(len(prompts))
+    width = max(len(p) + len(r) for p, r in zip(prompts, responses)) - 1 - shared
+    rest = torch.zeros((len(prompts), width), dtype=torch.long)
+    rows, cols = [], []
+    for row, (prompt, response) in enumerate(zip(prompts, responses)):
+        sequence = [*prompt, *response][shared:-1]
+        rest[row, : len(sequence)] = torch.tensor(sequence)
+        rows += [row] * len(response)
+        cols += range(len(prompt) - 1 - shared, len(prompt) - 1 - shared + len(response))
+    hidden = decoder(input_ids=rest.to(device), past_key_values=cache, use_cache=cache is not None).last_hidden_state
+    return hidden[rows, cols]
+
+
 def response_logprobs(
     model, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], temperature: float = 1.0
 ) -> list[torch.Tensor]:
     """log softmax(logits / T) of each response token given its prompt, one tensor per pair.
-
-    The batch is right-padded, so positions count from 0 in every row exactly as they did when
-    the response was sampled. Gradients flow when the caller has them enabled.
-    """
-    device = next(model.parameters()).device
-    lengths = [len(p) + len(r) - 1 for p, r in zip(prompts, responses)]
-    width = max(lengths)
-    input_ids = torch.zeros((len(prompts), width), dtype=torch.long)
-    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, (prompt, response) in enumerate(zip(prompts, responses)):
-        sequence = [*prompt, *response][:-1]
-        input_ids[row, : len(sequence)] = torch.tensor(sequence)
-        attention_mask[row, : len(sequence)] = 1
-    hidden = model.get_decoder()(
-        input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)
-    ).last_hidden_state
-    rows, cols, targets = [], [], []
-    for row, (prompt, response) in enumerate(zip(prompts, responses)):
-        rows += [row] * len(response)
-        cols += range(len(prompt) - 1, len(prompt) - 1 + len(response))
-        targets += response
-    # The output head runs on response positions only: on long prompts it is most of the cost.
-    logits = model.get_output_embeddings()(hidden[rows, cols]).float()
+    Gradients flow when the caller has them enabled."""
+    # The output head runs on response positions only: over whole prompts it is most of the cost.
+    logits = model.get_output_embeddings()(response_hidden(model, prompts, responses)).float()
     if temperature not in (0, 1):
         logits = logits / temperature
-    token_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(targets, device=device)[:, None])
-    return list(token_logprobs.squeeze(-1).split([len(r) for r in responses]))
+    targets = torch.tensor([t for r in responses for t in r], device=logits.device)
+    token_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
+    return list(token_logprobs.split([len(r) for r in responses]))

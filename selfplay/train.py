@@ -173,6 +173,7 @@ class Trainer:
         """Train to `config.steps`; returns the last step's metrics."""
         metrics: dict[str, float] = {}
         bar = tqdm(total=self.config.steps, initial=self.step, desc="train", unit="step", disable=not self.progress)
+        deadline = time.monotonic() + 60 * self.config.max_minutes if self.config.max_minutes else math.inf
         try:
             while self.step < self.config.steps:
                 self.step += 1
@@ -184,8 +185,11 @@ class Trainer:
                     invalid=f"{metrics.get('turns/invalid_rate', 0):.2f}",
                     tok_s=f"{metrics.get('time/tokens_per_s', 0):.0f}",
                 )
-                if self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps:
+                out_of_time = time.monotonic() > deadline
+                if self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps or out_of_time:
                     self.save()
+                if out_of_time:
+                    break
         finally:
             bar.close()
             self.writer.close()

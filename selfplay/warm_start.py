@@ -197,47 +197,22 @@ def _batches(seed: int, tokenizer, batch_size: int, games: dict[str, float], poo
         yield queued[name].pop()
 
 
-def _collate(batch: list[tuple[list[int], list[int], SoftTargets]], pad_id: int, vocab_size: int):
-    """The batch as the prefix its prompts share (kept shorter than every prompt) and the
-    right-padded rest, with the positions (in the rest) of the response tokens and the target
-    distribution at each.
-
-    Padding goes on the right, after every real token, so causal attention needs no mask.
-    """
-    import torch
-
-    first = batch[0][0]
-    shared = min(len(p) for p, _, _ in batch) - 1
-    for prompt, _, _ in batch[1:]:
-        shared = next((i for i in range(shared) if prompt[i] != first[i]), shared)
-    width = max(len(p) + len(r) for p, r, _ in batch) - 1 - shared
-    rest = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    rows, cols = [], []
-    targets = torch.zeros((sum(len(r) for _, r, _ in batch), vocab_size))
-    for row, (prompt, response, soft) in enumerate(batch):
-        seq = (prompt + response)[shared:-1]
-        rest[row, : len(seq)] = torch.tensor(seq)
-        for j, (ids, probs) in enumerate(soft):
-            targets[len(rows), list(ids)] = torch.tensor(probs)
-            rows.append(row)
-            cols.append(len(prompt) - 1 + j - shared)
-    prefix = torch.tensor([first[:shared]], dtype=torch.long)
-    return prefix, rest, torch.tensor(rows), torch.tensor(cols), targets
-
-
-def _loss(model, prefix, rest, rows, cols, targets):
+def _loss(model, batch: list[tuple[list[int], list[int], SoftTargets]]):
     """Cross-entropy of the model's next-token distribution at the response positions against
-    the target distributions, and the KL divergence (the part above the targets' entropy).
-    The shared prefix runs once and its keys and values are repeated across the batch (the
-    gradient is the same as running it per row); the output head runs on the response only."""
+    the target distributions, and the KL divergence (the part above the targets' entropy)."""
     import torch
 
-    cache = None
-    if prefix.shape[1]:
-        cache = model.model(input_ids=prefix, use_cache=True).past_key_values
-        cache.batch_repeat_interleave(rest.shape[0])
-    hidden = model.model(input_ids=rest, past_key_values=cache, use_cache=cache is not None).last_hidden_state
-    logprobs = torch.log_softmax(model.lm_head(hidden[rows, cols]).float(), dim=-1)
+    from selfplay.scoring import response_hidden
+
+    prompts, responses, soft = zip(*batch)
+    hidden = response_hidden(model, prompts, responses)
+    logprobs = torch.log_softmax(model.get_output_embeddings()(hidden).float(), dim=-1)
+    targets = torch.zeros_like(logprobs)
+    position = 0
+    for example in soft:
+        for ids, probs in example:
+            targets[position, list(ids)] = torch.tensor(probs)
+            position += 1
     cross_entropy = -(targets * logprobs).sum(-1).mean()
     entropy = -(targets * torch.log(targets.clamp_min(1e-12))).sum(-1).mean()
     return cross_entropy, (cross_entropy - entropy).detach()
@@ -289,14 +264,13 @@ def warm_start(
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress_))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     weights = dict(GAME_WEIGHTS) if games is None else dict(games)
     batches = _batches(seed, tokenizer, batch_size, weights)
 
     losses = []
     bar = tqdm(range(steps), desc="warm start", unit="step", disable=not progress)
     for _ in bar:
-        loss, kl = _loss(model, *_collate(next(batches), pad_id, model.config.vocab_size))
+        loss, kl = _loss(model, next(batches))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
@@ -372,63 +346,21 @@ def random_positions(game: str, n: int, seed: int = 0) -> Iterator:
         yield env
 
 
-def sample_moves(
-    model_dir: str | Path,
-    game: str,
-    n: int = 200,
-    seed: int = 0,
-    *,
-    temperature: float = 1.0,
-    max_new_tokens: int = 16,
-    batch_size: int = 64,
-    model=None,
-    tokenizer=None,
-) -> list[str | None]:
-    """The move the model names at each of `n` random positions of `game` (single-turn
-    prompts, sampled with `model.generate`, batched with left padding); None where its output
-    names no legal move."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def sample_moves(backend, game: str, n: int = 200, seed: int = 0, temperature: float = 1.0) -> list[str | None]:
+    """The move a policy backend names at each of `n` random positions of `game` (single-turn
+    prompts, at most 16 new tokens); None where its output names no legal move."""
+    from selfplay.backends import SamplingSettings
 
-    tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_dir)
-    model = model or AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    eos = model.generation_config.eos_token_id
-    eos_ids = sorted(set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id})
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
     envs = list(random_positions(game, n, seed))
-    prompts = batch_prompt_ids(tokenizer, [opening_messages(env.observe(env.agent_selection)) for env in envs])
-    moves: list[str | None] = []
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
-        torch.manual_seed(seed)
-        for start in range(0, n, batch_size):
-            chunk = prompts[start : start + batch_size]
-            width = max(len(p) for p in chunk)
-            input_ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-            attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            for row, prompt in enumerate(chunk):
-                input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
-                attention_mask[row, width - len(prompt) :] = 1
-            out = model.generate(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                do_sample=True,
-                temperature=temperature,
-                top_p=None,
-                top_k=None,
-                max_new_tokens=max_new_tokens,
-                eos_token_id=eos_ids,
-                pad_token_id=pad_id,
-            )
-            for row, env in enumerate(envs[start : start + len(chunk)]):
-                text = tokenizer.decode(out[row, width:], skip_special_tokens=True)
-                moves.append(env.parse(text))
-    return moves
+    prompts = batch_prompt_ids(backend.tokenizer, [opening_messages(env.observe(env.agent_selection)) for env in envs])
+    generations = backend.generate(prompts, SamplingSettings(max_new_tokens=16, temperature=temperature, seed=seed))
+    return [env.parse(g.text) if g.finish_reason == "stop" else None for env, g in zip(envs, generations)]
 
 
-def legal_move_rate(model_dir: str | Path, game: str, n: int = 200, seed: int = 0, **kwargs) -> float:
-    """Share of `n` fresh random positions of `game` where the model, sampling at temperature
-    1.0 with at most 16 new tokens from a single-turn prompt, names a legal move."""
-    moves = sample_moves(model_dir, game, n, seed, **kwargs)
+def legal_move_rate(backend, game: str, n: int = 200, seed: int = 0) -> float:
+    """Share of `n` random positions of `game` where the policy, sampling at temperature 1.0,
+    names a legal move."""
+    moves = sample_moves(backend, game, n, seed)
     return sum(move is not None for move in moves) / len(moves)
 
 
@@ -442,16 +374,13 @@ def move_spread(moves: Sequence[str | None]) -> dict:
 
 def report(model_dir: str | Path, n: int = 200, seed: int = 0, games: Sequence[str] | None = None) -> dict:
     """Legal-move rate and move spread of the model in `model_dir` on every native game."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    from selfplay.backends.hf_backend import HFBackend
     from selfplay.games.registry import NATIVE_GAMES
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    backend = HFBackend(str(model_dir))
     rows = {}
     for game in games or NATIVE_GAMES:
-        moves = sample_moves(model_dir, game, n, seed, model=model, tokenizer=tokenizer)
+        moves = sample_moves(backend, game, n, seed)
         rows[game] = {"legal": sum(m is not None for m in moves) / n, **move_spread(moves)}
     return rows
 

@@ -10,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from selfplay.backends.hf_backend import HFBackend  # noqa: E402
 from selfplay.default_model import build_untrained  # noqa: E402
 from selfplay.games.registry import NATIVE_GAMES  # noqa: E402
 from selfplay.warm_start import (  # noqa: E402
@@ -86,7 +87,7 @@ def test_warm_start_lowers_the_loss_and_saves_a_loadable_model(untrained, tmp_pa
     tok = transformers.AutoTokenizer.from_pretrained(out)
     assert model.config.vocab_size >= len(tok)
     assert (out / "model.safetensors").exists()
-    rate = legal_move_rate(out, "kuhn_poker", n=4, seed=0)
+    rate = legal_move_rate(HFBackend(str(out)), "kuhn_poker", n=4, seed=0)
     assert 0.0 <= rate <= 1.0
 
 
