@@ -17,9 +17,9 @@ $(BIN)/selfplay: pyproject.toml
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
 
+# Each run gets its own directory, so running it again never touches an earlier run.
 run: $(BIN)/selfplay
-	$(BIN)/selfplay play kuhn_poker --agents nash,random --episodes 500 --seed 0
-	$(BIN)/selfplay play tictactoe --agents mcts:200,random --episodes 100 --seed 0
+	$(BIN)/selfplay train configs/quickstart.yaml run_dir=runs/quickstart-$$(date +%Y%m%d-%H%M%S)
 
 test: $(BIN)/selfplay
 	$(BIN)/ruff check .
@@ -28,3 +28,4 @@ test: $(BIN)/selfplay
 
 bench: $(BIN)/selfplay
 	$(BIN)/python benchmarks/env_step.py
+	$(BIN)/python benchmarks/rollout.py --backend hf

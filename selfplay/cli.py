@@ -51,7 +51,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from selfplay.train import train_command
 
     config, overrides = args.config, args.overrides
-    if config is not None and "=" in config:  # `--resume RUN_DIR steps=40`: no config file, only overrides
+    if config is not None and "=" in config:  # no config file, only overrides
         config, overrides = None, [config, *overrides]
     metrics = train_command(config, overrides, args.resume, progress=not args.no_progress)
     summary = {k: round(v, 4) for k, v in metrics.items() if k.startswith(("reward/", "vs/", "turns/invalid"))}
@@ -142,7 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train one shared policy by self-play, as a YAML config says. Checkpoints, the "
         "config and TensorBoard logs go to the config's run_dir.",
     )
-    train.add_argument("config", nargs="?", help="YAML config, e.g. configs/quickstart.yaml")
+    train.add_argument(
+        "config", nargs="?", help="YAML config, e.g. configs/quickstart.yaml (without one, the defaults)"
+    )
     train.add_argument(
         "overrides", nargs="*", help="dotted overrides, e.g. steps=20 learner.lr=1e-5 rollout.games_per_step=32"
     )

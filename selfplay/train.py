@@ -256,8 +256,6 @@ def train_command(config_path: str | None, overrides: list[str], resume: str | N
         if not saved.exists():
             raise UserError(f"'{resume}' is not a run directory: it has no {CONFIG_FILE}.")
         config = load_config(saved, [*overrides, f"run_dir={resume}"])
-    else:
-        if config_path is None:
-            raise UserError("Give a config file (e.g. configs/quickstart.yaml) or --resume RUN_DIR.")
+    else:  # without a file, the schema's defaults
         config = load_config(config_path, overrides)
     return Trainer(config, resume=resume is not None, progress=progress).run()

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -25,6 +30,13 @@ TINY = [
     "rollout.max_new_tokens=4",
     "learner.lr=1e-2",
 ]
+
+
+def resume(run_dir, overrides=()):
+    # TensorBoard orders event files by the whole second in their names: a resume within the
+    # same second as the crash could sort before the crashed run's file.
+    time.sleep(1.1)
+    train_command(None, list(overrides), resume=str(run_dir), progress=False)
 
 
 def logged_steps(run_dir, tag="reward/mean"):
@@ -64,7 +76,7 @@ def test_training_moves_weights_syncs_the_backend_and_resumes(tiny_model_dir, tm
     # A finished run is extended by resuming it with more steps.
     with pytest.raises(UserError, match="already holds checkpoints"):
         Trainer(config, progress=False)
-    train_command(None, ["steps=3"], resume=str(run_dir), progress=False)
+    resume(run_dir, ["steps=3"])
     resumed = list_checkpoints(run_dir)[-1]
     assert resumed.name == "step-000003"
     assert json.loads((resumed / "trainer_state.json").read_text())["step"] == 3
@@ -81,8 +93,32 @@ def test_resume_replays_a_lost_step_exactly(tiny_model_dir, tmp_path):
     # Killed after logging step 2, before its checkpoint was in place.
     shutil.rmtree(broken / "checkpoints" / "step-000002")
     assert logged_steps(broken) == [1, 2]
-    train_command(None, [], resume=str(broken), progress=False)
+    resume(broken)
     a = load_file(str(unbroken / "checkpoints" / "step-000002" / "model.safetensors"))
     b = load_file(str(broken / "checkpoints" / "step-000002" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert logged_steps(broken) == [1, 2]
+
+
+def test_a_killed_run_resumes_from_its_last_checkpoint(tiny_model_dir, tmp_path):
+    """kill -9 in the middle of a run: the resumed run starts after the last complete
+    checkpoint, finishes, and has logged every step exactly once."""
+    run_dir = tmp_path / "killed"
+    args = [*TINY, "steps=40", f"model={tiny_model_dir}", f"run_dir={run_dir}"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "selfplay.cli", "train", "--no-progress", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(list_checkpoints(run_dir)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+    saved = [int(p.name.removeprefix("step-")) for p in list_checkpoints(run_dir)]
+    assert len(saved) >= 2 and saved[-1] < 40
+    resume(run_dir, [f"steps={saved[-1] + 2}"])
+    assert list_checkpoints(run_dir)[-1].name == f"step-{saved[-1] + 2:06d}"
+    assert logged_steps(run_dir) == list(range(1, saved[-1] + 3))
