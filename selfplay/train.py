@@ -68,12 +68,15 @@ def step_matches(config: TrainConfig, step: int) -> list[MatchSpec]:
     rng = np.random.default_rng([config.seed, step])
     games, game_weights = zip(*config.games.items())
     opponents, opponent_weights = zip(*config.opponents.items())
+    game_p = np.array(game_weights) / sum(game_weights)
+    opponent_p = np.array(opponent_weights) / sum(opponent_weights)
+    seats_of = {game: make_game(game).num_players for game in games}
     starts = config.rollout.games_per_step // config.advantages.group_size
     matches = []
     for index in range(starts):
-        game = games[rng.choice(len(games), p=np.array(game_weights) / sum(game_weights))]
-        opponent = opponents[rng.choice(len(opponents), p=np.array(opponent_weights) / sum(opponent_weights))]
-        seats = make_game(game).num_players
+        game = games[rng.choice(len(games), p=game_p)]
+        opponent = opponents[rng.choice(len(opponents), p=opponent_p)]
+        seats = seats_of[game]
         players = tuple(LEARNER if opponent == SELF or seat == index % seats else opponent for seat in range(seats))
         seed = int(rng.integers(2**31))
         matches += [MatchSpec(game, players, seed)] * config.advantages.group_size
@@ -86,7 +89,7 @@ def learner_view(trajectory: Trajectory) -> Trajectory:
 
 
 def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
-    """Return per game and role, outcomes against each opponent, invalid moves, lengths."""
+    """Return per game and role and overall, outcomes against each opponent, invalid moves, lengths."""
     returns: dict[str, list[float]] = defaultdict(list)
     outcomes: dict[str, Counter] = defaultdict(Counter)
     turns = [t for trajectory in trajectories for t in trajectory.turns if t.agent == LEARNER]
@@ -102,6 +105,7 @@ def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
                 outcome = "win" if reward > 0 else "loss" if reward < 0 else "draw"
                 outcomes[f"{result.game}/{opponents.pop()}"][outcome] += 1
     metrics = {name: float(np.mean(values)) for name, values in returns.items()}
+    metrics["reward/mean"] = float(np.mean([r for values in returns.values() for r in values]))
     for pairing, counts in outcomes.items():
         total = sum(counts.values())
         for outcome in ("win", "draw", "loss"):
@@ -224,10 +228,6 @@ class Trainer:
         synced = time.perf_counter()
 
         metrics = rollout_metrics(trajectories)
-        learner_seat_rewards = [
-            r.result.rewards[seat] for r in trajectories for seat, p in enumerate(r.result.players) if p == LEARNER
-        ]
-        metrics["reward/mean"] = float(np.mean(learner_seat_rewards))
         metrics.update({f"advantage/{k}": v for k, v in advantage_stats(advantages).items()})
         metrics.update({f"learner/{k}": v for k, v in learner_stats.items()})
         tokens = sum(len(t.response_ids) for r in trajectories for t in r.turns)

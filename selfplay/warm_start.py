@@ -387,7 +387,6 @@ def report(model_dir: str | Path, n: int = 200, seed: int = 0, games: Sequence[s
 
 if __name__ == "__main__":
     import argparse
-    import json
 
     parser = argparse.ArgumentParser(description="Warm-start a model on random legal play, or measure one.")
     parser.add_argument("model_dir")

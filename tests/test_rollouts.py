@@ -35,6 +35,18 @@ def mixed_matches(count: int) -> list[MatchSpec]:
     return matches
 
 
+def play_mixed_batch(backend, tokenizer):
+    """Twelve mixed matches played through `backend`, checked well formed; returns the matches,
+    the players and settings (to play them again) and the trajectories."""
+    matches = mixed_matches(12)
+    settings = RolloutSettings(sampling=SamplingSettings(max_new_tokens=12, seed=5), invalid_moves=InvalidMovePolicy(2))
+    players = {"policy": backend, "random": "random", "mcts": "mcts:20"}
+    trajectories = list(RolloutEngine(players, settings).run(matches))
+    check_well_formed(trajectories, matches, tokenizer)
+    assert sum(len(t.turns) for t in trajectories) >= 24
+    return matches, players, settings, trajectories
+
+
 def check_well_formed(trajectories, matches, tokenizer=None):
     assert sorted(t.result.seed for t in trajectories) == sorted(m.seed for m in matches)
     for trajectory in trajectories:
@@ -108,10 +120,5 @@ def test_truncated_responses_are_invalid_moves(hf_backend, tokenizer):
 
 
 def test_mixed_batch_with_a_real_backend_is_well_formed_and_reproducible(hf_backend, tokenizer):
-    matches = mixed_matches(12)
-    settings = RolloutSettings(sampling=SamplingSettings(max_new_tokens=12, seed=5), invalid_moves=InvalidMovePolicy(2))
-    players = {"policy": hf_backend, "random": "random", "mcts": "mcts:20"}
-    first = list(RolloutEngine(players, settings).run(matches))
-    check_well_formed(first, matches, tokenizer)
-    assert sum(len(t.turns) for t in first) >= 24
+    matches, players, settings, first = play_mixed_batch(hf_backend, tokenizer)
     assert list(RolloutEngine(players, settings).run(matches)) == first

@@ -19,10 +19,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from selfplay.backends.base import SamplingSettings, save_weights  # noqa: E402
 from selfplay.backends.vllm_backend import VLLMBackend  # noqa: E402
-from selfplay.games import InvalidMovePolicy, make_env  # noqa: E402
+from selfplay.games import make_env  # noqa: E402
 from selfplay.prompts import opening_messages, prompt_ids  # noqa: E402
-from selfplay.rollouts import RolloutEngine, RolloutSettings  # noqa: E402
-from tests.test_rollouts import check_well_formed, mixed_matches  # noqa: E402
+from selfplay.rollouts import RolloutEngine  # noqa: E402
+from tests.test_rollouts import play_mixed_batch  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -168,12 +168,7 @@ def test_temperature_with_top_p_is_refused(backend, prompts):
 
 
 def test_rollouts_with_mixed_games_and_agents_are_well_formed(backend, tokenizer):
-    matches = mixed_matches(12)
-    settings = RolloutSettings(sampling=SamplingSettings(max_new_tokens=12, seed=5), invalid_moves=InvalidMovePolicy(2))
-    players = {"policy": backend, "random": "random", "mcts": "mcts:20"}
-    trajectories = list(RolloutEngine(players, settings).run(matches))
-    check_well_formed(trajectories, matches, tokenizer)
-    assert sum(len(t.turns) for t in trajectories) >= 24
+    matches, players, settings, trajectories = play_mixed_batch(backend, tokenizer)
     # Same seeds, same games: the same moves. Log-probabilities may differ in the last digits,
     # since a second run reads prompts from vLLM's prefix cache and batches them differently.
     again = list(RolloutEngine(players, settings).run(matches))
