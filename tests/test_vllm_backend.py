@@ -154,6 +154,23 @@ def test_sampler_logprobs_match_transformers(backend, prompts, hf_model, tempera
     assert gap_to_wrong > 100 * LOGPROB_TOLERANCE
 
 
+def test_generations_are_handed_over_as_they_finish(backend, prompts):
+    sampling = SamplingSettings(max_new_tokens=32, temperature=1.0, seed=7)
+    groups = list(backend.generate_as_completed(prompts, sampling))
+    handed = [pair for group in groups for pair in group]
+    assert sorted(index for index, _ in handed) == list(range(len(prompts)))
+    expected = backend.generate(prompts, sampling)
+    for index, generation in handed:
+        assert generation.token_ids == expected[index].token_ids
+        assert max(abs(a - b) for a, b in zip(generation.logprobs, expected[index].logprobs)) < 1e-4
+    # A caller that stops early leaves no request running in the engine.
+    stream = backend.generate_as_completed(prompts, sampling)
+    next(stream)
+    stream.close()
+    assert not backend.llm.llm_engine.has_unfinished_requests()
+    assert [g.token_ids for g in backend.generate(prompts, sampling)] == [g.token_ids for g in expected]
+
+
 def test_seeded_batch_larger_than_one_engine_step(backend, prompts):
     """More prompt tokens than vLLM schedules in one step: on CPU this once crashed the engine."""
     many = (prompts * 40)[:40]

@@ -9,7 +9,7 @@ another machine with a shared filesystem) loads them without pickling tensors.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +44,15 @@ class PolicyBackend(ABC):
     @abstractmethod
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[Generation]:
         """One response per prompt (token ids), in order. Same seed and prompts, same output."""
+
+    def generate_as_completed(
+        self, prompts: list[list[int]], sampling: SamplingSettings
+    ) -> Iterator[list[tuple[int, Generation]]]:
+        """The responses `generate` gives, handed over as they finish: groups of (prompt index,
+        generation), each group what finished together. A caller can work on early finishers
+        while the rest are still sampling. Backends that sample the whole batch at once hand
+        it over as one group."""
+        yield list(enumerate(self.generate(prompts, sampling)))
 
     @abstractmethod
     def load_weights(self, path: Path, version: int) -> None:

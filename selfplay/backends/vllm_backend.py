@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import itertools
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +124,7 @@ class VLLMBackend(PolicyBackend):
         kwargs.update(engine_kwargs)
         self.llm = LLM(**kwargs)
         self._logprobs_mode = "processed_logprobs"
+        self._batches = itertools.count()  # numbers each batch's request ids
 
         self.tokenizer = self.llm.get_tokenizer()
         self.eos_ids = self._eos_ids()
@@ -150,27 +153,61 @@ class VLLMBackend(PolicyBackend):
         self._logprobs_mode = mode
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[Generation]:
-        from vllm import SamplingParams
+        generations: list[Generation | None] = [None] * len(prompts)
+        for finished in self.generate_as_completed(prompts, sampling):
+            for index, generation in finished:
+                generations[index] = generation
+        return generations
+
+    def generate_as_completed(
+        self, prompts: list[list[int]], sampling: SamplingSettings
+    ) -> Iterator[list[tuple[int, Generation]]]:
+        """The requests go to the engine, whose core samples them in steps in its own process
+        while this one takes each step's finished requests: a caller's work on those overlaps
+        the sampling of the rest. One batch at a time per backend."""
+        from vllm.inputs import tokens_input
 
         if not prompts:
-            return []
+            return
         self._set_logprobs_mode(logprobs_mode_for(sampling))
+        engine = self.llm.llm_engine
+        batch = next(self._batches)
+        unfinished: dict[str, int] = {}  # request id -> prompt index
+        try:
+            for index, prompt in enumerate(prompts):
+                request_id = f"{batch}-{index}"
+                engine.add_request(request_id, tokens_input(list(prompt)), self._sampling_params(sampling, index))
+                unfinished[request_id] = index
+            while unfinished:
+                finished = [
+                    (unfinished.pop(output.request_id), self._to_generation(output.outputs[0]))
+                    for output in engine.step()
+                    if output.finished
+                ]
+                if finished:
+                    yield finished
+        finally:
+            if unfinished:  # the caller stopped early, or a request was refused
+                engine.abort_request(list(unfinished))
+
+    def _sampling_params(self, sampling: SamplingSettings, index: int):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
         greedy = sampling.temperature < GREEDY_EPS
-        params = [
-            SamplingParams(
-                max_tokens=sampling.max_new_tokens,
-                temperature=0.0 if greedy else sampling.temperature,
-                top_p=1.0 if greedy else sampling.top_p,
-                top_k=0,
-                seed=None if greedy else request_seed(sampling.seed, i),
-                logprobs=0,  # just the sampled token's
-                stop_token_ids=sorted(self.eos_ids),
-                detokenize=False,  # text is decoded below, the same way HFBackend does
-            )
-            for i in range(len(prompts))
-        ]
-        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
-        return [self._to_generation(out.outputs[0]) for out in outputs]
+        return SamplingParams(
+            max_tokens=sampling.max_new_tokens,
+            temperature=0.0 if greedy else sampling.temperature,
+            top_p=1.0 if greedy else sampling.top_p,
+            top_k=0,
+            seed=None if greedy else request_seed(sampling.seed, index),
+            logprobs=0,  # just the sampled token's
+            stop_token_ids=sorted(self.eos_ids),
+            detokenize=False,  # text is decoded below, the same way HFBackend does
+            output_kind=RequestOutputKind.FINAL_ONLY,
+            # Each request gets its own params, so the engine need not deep-copy them.
+            skip_clone=True,
+        )
 
     def _to_generation(self, completion) -> Generation:
         tokens = list(completion.token_ids)
