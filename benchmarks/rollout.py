@@ -4,8 +4,9 @@ Plays self-play games with the default model through the rollout engine, recordi
 batch the engine sends to the backend. Then replays exactly those batches (same prompts,
 same sampling seeds, so the same tokens) straight through the backend. The ratio of the two
 token rates is the rollout efficiency: 1.0 means game stepping, prompt rendering and
-tokenization cost nothing next to generation. The same figure for one game at a time is the
-baseline to beat, and a run with 1,024 games in flight gives the peak memory.
+tokenization cost nothing next to generation, or run entirely while the backend samples. The
+same figure for one game at a time is the baseline to beat, and a run with 1,024 games in
+flight gives the peak memory.
 
     python benchmarks/rollout.py --backend hf [--concurrent 256] [--episodes 512]
 """
@@ -23,22 +24,19 @@ from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
 
 
 class RecordingBackend:
-    """Passes generate calls through to a backend and keeps what was asked and how long it took."""
+    """Passes batches through to a backend and keeps every batch asked for and its token count."""
 
     def __init__(self, backend):
         self.backend = backend
         self.tokenizer = backend.tokenizer
         self.calls = []
-        self.generate_seconds = 0.0
         self.tokens = 0
 
-    def generate(self, prompts, sampling):
-        start = time.perf_counter()
-        generations = self.backend.generate(prompts, sampling)
-        self.generate_seconds += time.perf_counter() - start
+    def generate_as_completed(self, prompts, sampling):
         self.calls.append((prompts, sampling))
-        self.tokens += sum(len(g.token_ids) for g in generations)
-        return generations
+        for finished in self.backend.generate_as_completed(prompts, sampling):
+            self.tokens += sum(len(generation.token_ids) for _, generation in finished)
+            yield finished
 
 
 def rollout(backend, games, episodes, concurrency, sampling, retries, seed=0):

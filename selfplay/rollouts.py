@@ -2,10 +2,16 @@
 
 Each game in flight has its own environment, and each seat is bound to a player: a language
 model policy (a `PolicyBackend`) or a scripted agent spec such as "random" or "mcts:100".
-On every tick the engine lets scripted agents move inline until each game waits for a model
-(or ends), then sends all waiting turns of one policy to its backend as a single batch.
-Games never wait for each other: whoever is to move in whichever game, their turn joins the
-next batch. Finished games are replaced from the queue of matches, so the batch stays full.
+On every tick the engine sends all waiting turns of one policy to its backend as a single
+batch. Games never wait for each other: whoever is to move in whichever game, their turn
+joins the next batch. Finished games are replaced from the queue of matches, so the batch
+stays full.
+
+The engine keeps the generator busy by doing its own work while the batch samples: as each
+response finishes (`PolicyBackend.generate_as_completed`), its game takes the move, lets
+scripted agents answer, and has its next prompt rendered and tokenized, while the backend
+goes on sampling the longer responses. Batches list games in the order they started, so
+however the responses finish, the same seed gives the same batches and the same records.
 
 The engine emits plain records (`Trajectory`, `Turn`), the learner's input.
 """
@@ -45,6 +51,16 @@ class RolloutSettings:
     concurrency: int = 256  # games in flight at once
 
 
+@dataclass(frozen=True)
+class _Prompt:
+    """A model turn ready to be sampled: whose it is and what the model is shown."""
+
+    label: str
+    seat: int
+    messages: list[Message]
+    ids: list[int]
+
+
 @dataclass
 class _LiveGame:
     match: MatchSpec
@@ -52,6 +68,7 @@ class _LiveGame:
     scripted: dict[int, Agent]  # seat -> agent, for the scripted seats
     chats: list[list[Message]]  # per seat, in multi-turn mode
     turns: list[Turn] = field(default_factory=list)
+    prompt: _Prompt | None = None  # the waiting model turn, once rendered
 
 
 class RolloutEngine:
@@ -63,22 +80,23 @@ class RolloutEngine:
     def run(self, matches: Iterable[MatchSpec]) -> Iterator[Trajectory]:
         """Play every match, yielding each game's trajectory as soon as it ends."""
         queue = iter(matches)
-        live: list[_LiveGame] = []
+        live: list[_LiveGame] = []  # in the order the games started
         tick = 0
         while True:
             candidates = live + [self._start(m) for m in _take(queue, self.settings.concurrency - len(live))]
             live = []
-            waiting: dict[str, list[_LiveGame]] = defaultdict(list)
             for game in candidates:  # grows as finished games are replaced
-                self._play_scripted(game)
                 if game.env.end_reason is not None:
                     yield self._finish(game)
                     candidates.extend(self._start(m) for m in _take(queue, 1))
                 else:
                     live.append(game)
-                    waiting[self._mover(game)].append(game)
             if not live:
                 return
+            self._render_prompts([game for game in live if game.prompt is None])
+            waiting: dict[str, list[_LiveGame]] = defaultdict(list)
+            for game in live:
+                waiting[game.prompt.label].append(game)
             for label, games in waiting.items():
                 self._play_model_turns(label, games, tick)
             tick += 1
@@ -101,15 +119,17 @@ class RolloutEngine:
             if isinstance(player, str):
                 agent_seed = int(np.random.SeedSequence([match.seed, seat]).generate_state(1)[0])
                 scripted[seat] = make_agent(player, env.game, agent_seed)
-        return _LiveGame(match, env, scripted, chats=[[] for _ in match.players])
+        game = _LiveGame(match, env, scripted, chats=[[] for _ in match.players])
+        self._play_scripted(game)
+        return game
 
-    def _mover(self, game: _LiveGame) -> str:
-        return game.match.players[game.env.possible_agents.index(game.env.agent_selection)]
+    def _seat_to_move(self, game: _LiveGame) -> int:
+        return game.env.possible_agents.index(game.env.agent_selection)
 
     def _play_scripted(self, game: _LiveGame) -> None:
         env = game.env
         while env.end_reason is None:
-            agent = game.scripted.get(env.possible_agents.index(env.agent_selection))
+            agent = game.scripted.get(self._seat_to_move(game))
             if agent is None:
                 return
             env.step(agent.act(env))
@@ -137,21 +157,35 @@ class RolloutEngine:
             return opening_messages(observation)
         return [*chat, {"role": "user", "content": observation["state"]}]
 
+    def _render_prompts(self, games: list[_LiveGame]) -> None:
+        """The next prompt of each game, which waits on a model: one tokenizer call per policy."""
+        by_label: dict[str, list[tuple[_LiveGame, int]]] = defaultdict(list)
+        for game in games:
+            seat = self._seat_to_move(game)
+            by_label[game.match.players[seat]].append((game, seat))
+        for label, waiting in by_label.items():
+            messages = [self._messages(game, seat) for game, seat in waiting]
+            ids = batch_prompt_ids(self.players[label].tokenizer, messages)
+            for (game, seat), chat, prompt in zip(waiting, messages, ids):
+                game.prompt = _Prompt(label, seat, chat, prompt)
+
     def _play_model_turns(self, label: str, games: list[_LiveGame], tick: int) -> None:
         backend = self.players[label]
-        seats = [game.env.possible_agents.index(game.env.agent_selection) for game in games]
-        messages = [self._messages(game, seat) for game, seat in zip(games, seats)]
-        prompts = batch_prompt_ids(backend.tokenizer, messages)
         seed = int(np.random.SeedSequence([self.settings.sampling.seed, tick]).generate_state(1)[0])
-        generations = backend.generate(prompts, replace(self.settings.sampling, seed=seed))
-        for game, seat, chat, prompt, generation in zip(games, seats, messages, prompts, generations):
-            if self.settings.observation_mode == "multi_turn":
-                game.chats[seat] = [*chat, {"role": "assistant", "content": generation.text}]
-            self._apply(game, seat, label, prompt, generation)
+        prompts = [game.prompt.ids for game in games]
+        for finished in backend.generate_as_completed(prompts, replace(self.settings.sampling, seed=seed)):
+            moved = [games[index] for index, _ in finished]
+            for game, (_, generation) in zip(moved, finished):
+                self._apply(game, generation)
+                self._play_scripted(game)
+            self._render_prompts([game for game in moved if game.env.end_reason is None])
 
-    def _apply(self, game: _LiveGame, seat: int, label: str, prompt: list[int], generation: Generation) -> None:
+    def _apply(self, game: _LiveGame, generation: Generation) -> None:
+        prompt, game.prompt = game.prompt, None
         env = game.env
-        agent = env.possible_agents[seat]
+        agent = env.possible_agents[prompt.seat]
+        if self.settings.observation_mode == "multi_turn":
+            game.chats[prompt.seat] = [*prompt.messages, {"role": "assistant", "content": generation.text}]
         invalid_before = len(env.invalid_log[agent])
         finished = generation.finish_reason == "stop"
         env.step(generation.text if finished else UnfinishedOutput(generation.text))
@@ -159,11 +193,11 @@ class RolloutEngine:
             Turn(
                 game=game.match.game,
                 match_seed=game.match.seed,
-                seat=seat,
+                seat=prompt.seat,
                 role=agent,
-                agent=label,
+                agent=prompt.label,
                 policy_version=generation.policy_version,
-                prompt_ids=tuple(prompt),
+                prompt_ids=tuple(prompt.ids),
                 response_ids=generation.token_ids,
                 logprobs=generation.logprobs,
                 text=generation.text,

@@ -33,3 +33,40 @@ class LegalMoveBackend(PolicyBackend):
 
     def load_weights(self, path, version: int) -> None:
         self.version = version
+
+
+class CountingTokenizer:
+    """A tokenizer that counts how often it is called to encode text."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+        self.calls = 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self._tokenizer(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._tokenizer, name)
+
+
+class ShuffledHandoverBackend(LegalMoveBackend):
+    """A `LegalMoveBackend` that hands each batch over as an engine sampling in steps does:
+    in groups of random size, in random order (drawn from `handover_seed`). Notes, for each
+    batch, how many times its tokenizer had been called at each handover."""
+
+    def __init__(self, tokenizer, seed: int = 0, handover_seed: int = 0):
+        super().__init__(CountingTokenizer(tokenizer), seed)
+        self.handover_rng = random.Random(handover_seed)
+        self.tokenizer_calls_at_handovers: list[list[int]] = []
+
+    def generate_as_completed(self, prompts, sampling):
+        pending = list(enumerate(self.generate(prompts, sampling)))
+        self.handover_rng.shuffle(pending)
+        calls: list[int] = []
+        self.tokenizer_calls_at_handovers.append(calls)
+        while pending:
+            size = self.handover_rng.randint(1, len(pending))
+            calls.append(self.tokenizer.calls)
+            yield pending[:size]
+            pending = pending[size:]

@@ -7,7 +7,7 @@ from selfplay.backends import SamplingSettings
 from selfplay.backends.hf_backend import HFBackend
 from selfplay.games import InvalidMovePolicy
 from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
-from tests.fakes import LegalMoveBackend
+from tests.fakes import LegalMoveBackend, ShuffledHandoverBackend
 
 MIXED_GAMES = ["tictactoe", "kuhn_poker", "connect_four", "leduc_holdem", "negotiation", "openspiel:connect_four"]
 
@@ -89,6 +89,33 @@ def test_finished_games_are_replaced_so_batches_stay_full(tokenizer):
     list(RolloutEngine({"policy": policy}, RolloutSettings(concurrency=8)).run(matches))
     # Every batch but the last few (as the queue drains) holds the full 8 games.
     assert policy.batch_sizes[:5] == [8] * 5
+
+
+@pytest.mark.parametrize("observation_mode", ["single_turn", "multi_turn"])
+def test_records_do_not_depend_on_the_order_responses_finish_in(tokenizer, observation_mode):
+    """An engine hands responses over as they finish, in an order that varies from run to run;
+    batches and records stay those of a backend that hands each batch over whole."""
+    matches = mixed_matches(30)
+    settings = RolloutSettings(observation_mode=observation_mode, concurrency=12)
+
+    def play(policy):
+        return list(RolloutEngine({"policy": policy, "random": "random", "mcts": "mcts:20"}, settings).run(matches))
+
+    whole = LegalMoveBackend(tokenizer)
+    expected = play(whole)
+    check_well_formed(expected, matches, tokenizer)
+    for handover_seed in (1, 2):
+        shuffled = ShuffledHandoverBackend(tokenizer, handover_seed=handover_seed)
+        assert play(shuffled) == expected
+        assert shuffled.batch_sizes == whole.batch_sizes
+
+
+def test_games_move_while_the_rest_of_their_batch_samples(tokenizer):
+    """Early finishers' games take their move and get their next prompt before the batch ends."""
+    policy = ShuffledHandoverBackend(tokenizer, handover_seed=3)
+    matches = [MatchSpec("tictactoe", ("policy", "policy"), seed=s) for s in range(16)]
+    list(RolloutEngine({"policy": policy}, RolloutSettings(concurrency=16)).run(matches))
+    assert any(calls[-1] > calls[0] for calls in policy.tokenizer_calls_at_handovers)
 
 
 def test_multi_turn_prompts_carry_the_players_own_chat(tokenizer):
