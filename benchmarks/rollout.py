@@ -2,11 +2,11 @@
 
 Plays self-play games with the default model through the rollout engine, recording every
 batch the engine sends to the backend. Then replays exactly those batches (same prompts,
-same sampling seeds, so the same tokens) straight through the backend. The ratio of the two
-token rates is the rollout efficiency: 1.0 means game stepping, prompt rendering and
-tokenization cost nothing next to generation, or run entirely while the backend samples. The
-same figure for one game at a time is the baseline to beat, and a run with 1,024 games in
-flight gives the peak memory.
+same sampling seeds, so the same tokens) straight through the backend. Both start from an
+empty prefix cache. The ratio of the two token rates is the rollout efficiency: 1.0 means
+game stepping, prompt rendering and tokenization cost nothing next to generation, or run
+entirely while the backend samples. The same figure for one game at a time is the baseline
+to beat, and a run with 1,024 games in flight gives the peak memory.
 
     python benchmarks/rollout.py --backend hf [--concurrent 256] [--episodes 512]
 """
@@ -40,6 +40,7 @@ class RecordingBackend:
 
 
 def rollout(backend, games, episodes, concurrency, sampling, retries, seed=0):
+    backend.clear_prefix_cache()
     recorder = RecordingBackend(backend)
     matches = [MatchSpec(games[i % len(games)], ("policy", "policy"), seed + i) for i in range(episodes)]
     settings = RolloutSettings(sampling=sampling, concurrency=concurrency, invalid_moves=InvalidMovePolicy(retries))
@@ -50,6 +51,9 @@ def rollout(backend, games, episodes, concurrency, sampling, retries, seed=0):
 
 
 def replay(backend, calls):
+    # The rollout started from an empty prefix cache; so does its replay, which would otherwise
+    # find every prompt it sends already computed.
+    backend.clear_prefix_cache()
     start = time.perf_counter()
     tokens = sum(len(g.token_ids) for prompts, sampling in calls for g in backend.generate(prompts, sampling))
     return tokens, time.perf_counter() - start

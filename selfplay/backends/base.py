@@ -54,6 +54,11 @@ class PolicyBackend(ABC):
         it over as one group."""
         yield list(enumerate(self.generate(prompts, sampling)))
 
+    def clear_prefix_cache(self) -> None:
+        """Forget every cached prompt prefix, so the next batch computes its prompts in full.
+        Backends that cache nothing across calls have nothing to do."""
+        return None
+
     @abstractmethod
     def load_weights(self, path: Path, version: int) -> None:
         """Serve the weights in the safetensors file `path` from now on, as `version`."""

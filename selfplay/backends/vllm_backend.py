@@ -222,9 +222,12 @@ class VLLMBackend(PolicyBackend):
             raise FileNotFoundError(path)
         self.llm.collective_rpc("selfplay_reload_weights", args=(str(path),))
         # Cached key/value blocks were computed with the old weights.
-        if not self.llm.reset_prefix_cache():
-            raise RuntimeError("vLLM could not reset its prefix cache after a weight update")
+        self.clear_prefix_cache()
         self.version = version
+
+    def clear_prefix_cache(self) -> None:
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM could not reset its prefix cache")
 
     def close(self) -> None:
         llm = getattr(self, "llm", None)
