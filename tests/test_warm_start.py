@@ -12,6 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 from selfplay.backends.hf_backend import HFBackend  # noqa: E402
 from selfplay.default_model import build_untrained  # noqa: E402
+from selfplay.games import make_env  # noqa: E402
 from selfplay.games.registry import NATIVE_GAMES  # noqa: E402
 from selfplay.warm_start import (  # noqa: E402
     EOS_TOKEN,
@@ -61,6 +62,20 @@ def test_examples_are_well_formed_in_both_modes(tokenizer):
             assert decision.move in listed[-1].split(", ")
     assert {game for game, _ in seen} == set(NATIVE_GAMES)
     assert {mode for _, mode in seen} == {"single_turn", "multi_turn"}
+
+
+def test_a_digit_is_one_token_wherever_it_stands(tokenizer):
+    # A legal cell must read the same in the board, the list of legal moves and the answer,
+    # or copying it from the prompt is a mapping the model must learn token by token.
+    env = make_env("tictactoe")
+    env.reset(seed=0)
+    state = env.observe(env.agent_selection)["state"]
+    digit_ids = {str(d): tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)}
+    assert len(set(digit_ids.values())) == 10
+    pieces = [tokenizer.decode([i]) for i in tokenizer(state + "\\boxed{12}", add_special_tokens=False)["input_ids"]]
+    digits = [p for p in pieces if any(c.isdigit() for c in p)]
+    assert digits and all(p in digit_ids for p in digits)
+    assert digits[-2:] == ["1", "2"]
 
 
 def test_multi_turn_prompts_are_capped(tokenizer):
