@@ -6,6 +6,13 @@ fine-tuned to imitate a *random legal* player of every native game, in both obse
 modes, so that it writes `\\boxed{move}` with a legal move and then stops, while its choice
 among the legal moves stays broad. Learning which legal move is a good one is left to RL.
 
+The random player is *tilted*: in each state it prefers some legal moves to others, by random
+preferences drawn from the text of that state. A uniform player's moves do not depend on what
+it sees beyond the legal moves, so imitating one teaches a model to ignore the rest of the
+state (its Kuhn Poker card, say), and RL then starts from a policy that cannot tell states
+apart. Matching the tilt takes reading the state; the preferences are random, so no strategy
+is taught.
+
 Prompts are rendered with `selfplay.prompts`, exactly as the rollout engine renders them.
 """
 
@@ -30,16 +37,19 @@ EOS_TOKEN = "<|im_end|>"
 MULTI_TURN_SHARE = 0.125
 # Longer multi-turn chats fall back to a single-turn prompt (training cost grows with length).
 MAX_PROMPT_TOKENS = 768
-# The build settings of the default model: about eight minutes on two CPU cores.
-STEPS = 800
+# The build settings of the default model: about ten minutes on two CPU cores.
+STEPS = 1000
 BATCH_SIZE = 16
 LR = 1e-3
 # The size of an average example (prompt and response), for sizing batches by tokens.
 EXAMPLE_TOKENS = 360
+# Spread of the random player's preferences in each state: move probabilities are a softmax
+# of TILT times standard normal draws (TILT 1 puts most probabilities within 3x of each other).
+TILT = 1.0
 # Share of training batches per game: the most for the quickstart's TicTacToe and for
 # Negotiation's many kinds of offer.
 GAME_WEIGHTS = {
-    "tictactoe": 2.0,
+    "tictactoe": 3.0,
     "connect_four": 1.0,
     "kuhn_poker": 1.0,
     "leduc_holdem": 1.0,
@@ -60,13 +70,26 @@ class Decision:
     answer: str  # the move in the game's answer format, e.g. "\\boxed{4}"
     legal_moves: tuple[str, ...]
     legal_answers: tuple[str, ...]  # every legal move in the answer format
+    move_probs: tuple[float, ...]  # the random player's probability of each legal move
+
+
+def tilted_probs(state: str, n_moves: int, seed: int, tilt: float = TILT) -> list[float]:
+    """The tilted random player's probabilities of its `n_moves` legal moves in `state` (the
+    mover's view as text): a softmax of `tilt` times standard normal draws seeded by the state
+    and `seed`, so a state always gets the same preferences. `tilt` 0 is uniform."""
+    rng = random.Random(f"{seed}|{state}")
+    logits = [tilt * rng.gauss(0.0, 1.0) for _ in range(n_moves)]
+    top = max(logits)
+    weights = [math.exp(x - top) for x in logits]
+    total = sum(weights)
+    return [w / total for w in weights]
 
 
 def random_legal_play(
     seed: int = 0, games: Sequence[str] | None = None, multi_turn_share: float = MULTI_TURN_SHARE
 ) -> Iterator[Decision]:
-    """Endless decisions of uniformly random legal players, cycling through `games` (every
-    native game by default) one move at a time so each game gets an equal share.
+    """Endless decisions of tilted random legal players (`tilted_probs`), cycling through
+    `games` (every native game by default) one move at a time so each game gets an equal share.
 
     Each player's chat is kept for the whole episode; a decision is shown as a multi-turn chat
     with probability `multi_turn_share` (when the player has moved before), else single-turn.
@@ -98,11 +121,13 @@ def random_legal_play(
             else:
                 chat.extend(opening_messages(observation))
             legal = tuple(env.legal_moves())
-            move = rng.choice(legal)
+            probs = tuple(tilted_probs(observation["state"], len(legal), seed))
+            move = rng.choices(legal, weights=probs)[0]
             answer = env.answer(move)
             messages = list(chat) if multi else opening_messages(observation)
             answers = tuple(env.answer(m) for m in legal)
-            yield Decision(name, "multi_turn" if multi else "single_turn", messages, move, answer, legal, answers)
+            mode = "multi_turn" if multi else "single_turn"
+            yield Decision(name, mode, messages, move, answer, legal, answers, probs)
             chat.append({"role": "assistant", "content": answer})
             env.step(answer)
             if env.end_reason is not None:
@@ -137,18 +162,21 @@ def legal_play_examples(
 SoftTargets = list[tuple[tuple[int, ...], tuple[float, ...]]]
 
 
-def policy_targets(response: list[int], legal_responses: list[list[int]]) -> SoftTargets:
+def policy_targets(response: list[int], legal_responses: list[list[int]], probs: Sequence[float]) -> SoftTargets:
     """The random legal player's next-token distribution at each token of `response`: at
-    position j, the share of legal responses that agree with `response` before j and continue
-    with each token (legal moves being equally likely). Training on these instead of the
-    sampled token alone gives the same optimum with far less noise."""
-    alive = legal_responses
+    position j, the probability mass of the legal responses that agree with `response` before
+    j and continue with each token (`probs` being each legal response's probability). Training
+    on these instead of the sampled token alone gives the same optimum with far less noise."""
+    alive = list(zip(legal_responses, probs))
     targets = []
     for j, token in enumerate(response):
-        counts = Counter(r[j] for r in alive if len(r) > j)
-        total = sum(counts.values())
-        targets.append((tuple(counts), tuple(c / total for c in counts.values())))
-        alive = [r for r in alive if len(r) > j and r[j] == token]
+        mass: Counter = Counter()
+        for r, p in alive:
+            if len(r) > j:
+                mass[r[j]] += p
+        total = sum(mass.values())
+        targets.append((tuple(mass), tuple(m / total for m in mass.values())))
+        alive = [(r, p) for r, p in alive if len(r) > j and r[j] == token]
     return targets
 
 
@@ -164,7 +192,8 @@ def _training_examples(
         if new:
             for answer, ids in zip(new, tokenizer(new, add_special_tokens=False)["input_ids"]):
                 encoded[answer] = ids + [eos]
-        yield prompt, response, policy_targets(response, [encoded[a] for a in decision.legal_answers])
+        legal = [encoded[a] for a in decision.legal_answers]
+        yield prompt, response, policy_targets(response, legal, decision.move_probs)
 
 
 # -- supervised fine-tuning ---------------------------------------------------------------------
@@ -308,7 +337,8 @@ def build_default_model(
         result = warm_start(scratch, steps=steps, batch_size=batch_size, lr=lr, seed=seed, progress=progress)
         info = {
             "version": DEFAULT_MODEL_VERSION,
-            "recipe": "build_untrained + warm_start on random legal play",
+            "recipe": "build_untrained + warm_start on tilted random legal play",
+            "tilt": TILT,
             "steps": steps,
             "batch_size": batch_size,
             "lr": lr,

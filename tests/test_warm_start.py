@@ -20,6 +20,7 @@ from selfplay.warm_start import (  # noqa: E402
     legal_play_examples,
     policy_targets,
     random_legal_play,
+    tilted_probs,
     warm_start,
 )
 
@@ -87,9 +88,29 @@ def test_multi_turn_prompts_are_capped(tokenizer):
 
 def test_policy_targets_are_the_random_legal_players_distribution():
     legal = [[1, 5, 9], [1, 6, 9], [1, 6, 8, 9], [2, 9]]
-    targets = policy_targets([1, 6, 8, 9], legal)
+    targets = policy_targets([1, 6, 8, 9], legal, [0.25] * 4)
     as_dicts = [dict(zip(ids, probs)) for ids, probs in targets]
-    assert as_dicts == [{1: 0.75, 2: 0.25}, {5: 1 / 3, 6: 2 / 3}, {9: 0.5, 8: 0.5}, {9: 1.0}]
+    expected = [{1: 0.75, 2: 0.25}, {5: 1 / 3, 6: 2 / 3}, {9: 0.5, 8: 0.5}, {9: 1.0}]
+    assert all(got == pytest.approx(want) for got, want in zip(as_dicts, expected, strict=True))
+    tilted = [dict(zip(ids, probs)) for ids, probs in policy_targets([1, 6, 8, 9], legal, [0.1, 0.2, 0.3, 0.4])]
+    assert tilted[0] == pytest.approx({1: 0.6, 2: 0.4})
+    assert tilted[1] == pytest.approx({5: 1 / 6, 6: 5 / 6})
+    assert tilted[2] == pytest.approx({9: 0.4, 8: 0.6})
+
+
+def test_the_random_player_prefers_moves_by_state():
+    same = tilted_probs("Your card: K.", 2, seed=0)
+    assert same == tilted_probs("Your card: K.", 2, seed=0) and sum(same) == pytest.approx(1.0)
+    cards = [tilted_probs(f"Your card: {card}.", 2, seed=0)[0] for card in "JQK"]
+    assert len(set(cards)) == 3
+    assert tilted_probs("Your card: K.", 3, seed=0, tilt=0.0) == pytest.approx([1 / 3] * 3)
+    decisions = itertools.islice(random_legal_play(seed=0, games=["kuhn_poker"]), 600)
+    bets = {}
+    for d in decisions:
+        if d.legal_moves == ("check", "bet") and d.messages[-1]["content"].count("checked") == 0:
+            bets.setdefault(d.messages[-1]["content"], []).append(d.move == "bet")
+    openings = [sum(v) / len(v) for v in bets.values()]
+    assert len(openings) == 3 and max(openings) - min(openings) > 0.2
 
 
 def test_warm_start_lowers_the_loss_and_saves_a_loadable_model(untrained, tmp_path):
