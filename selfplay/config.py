@@ -61,10 +61,19 @@ class LearnerConfig:
     # token_sum divides by this many tokens per sequence (Dr.GRPO); null uses rollout.max_new_tokens.
     token_sum_length: int | None = None
     kl_coef: float = 0.0  # penalty towards the frozen initial policy; 0 loads no reference model
+    entropy_coef: float = 0.0  # bonus for the entropy of each response token's distribution
     importance_clip: float | None = 2.0  # truncated importance sampling between sampler and learner
     max_grad_norm: float = 1.0
     precision: Literal["fp32", "bf16"] = "fp32"
     lora: LoraConfig = LoraConfig()
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    every: int = 0  # steps between evaluations of the current policy; 0 never evaluates
+    games: list[str] = field(default_factory=list)  # empty: the training games
+    opponents: list[str] = field(default_factory=lambda: ["random"])  # fixed opponents, both seats
+    episodes: int = 32  # games per game and opponent
 
 
 @dataclass(frozen=True)
@@ -85,6 +94,7 @@ class TrainConfig:
     rollout: RolloutConfig = RolloutConfig()
     advantages: AdvantageConfig = AdvantageConfig()
     learner: LearnerConfig = LearnerConfig()
+    eval: EvalConfig = EvalConfig()
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConfig:

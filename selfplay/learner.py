@@ -9,6 +9,9 @@ turn's advantage) and runs a policy-gradient loss over the response tokens:
   differing from the learner: each token's loss is weighted by
   min(exp(learner_logprob - sampler_logprob), importance_clip), as TRL and verl do.
 - Optional KL penalty towards the frozen initial policy (k3 estimator, per token).
+- Optional entropy bonus (the entropy of each response position's next-token distribution):
+  with self-play it keeps the policy from collapsing onto one move before its opponents have
+  answered it, and its fixed points are the smoothed (quantal response) equilibria.
 - Token aggregation: `token_mean` over all tokens of a minibatch, `seq_mean_token_mean`
   (mean per response, then over responses), or `token_sum` over a fixed length (Dr.GRPO).
 
@@ -28,7 +31,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from selfplay.backends.base import save_weights
 from selfplay.config import LearnerConfig
-from selfplay.scoring import response_logprobs
+from selfplay.scoring import response_logprobs, response_logprobs_and_entropy
 
 
 @dataclass(frozen=True)
@@ -111,17 +114,17 @@ class Learner:
         else:  # token_sum over a fixed length
             weights = [1.0 / (self.token_sum_length * len(indices))] * len(indices)
         weight_of = dict(zip(indices, weights))
-        sums = dict.fromkeys(("loss", "clip_fraction", "kl", "ratio", "ratio_max", "ratio_clipped"), 0.0)
+        sums = dict.fromkeys(("loss", "clip_fraction", "kl", "entropy", "ratio", "ratio_max", "ratio_clipped"), 0.0)
         tokens = 0
         self.optimizer.zero_grad(set_to_none=True)
         for chunk in _micro_batches(indices, samples, config.micro_batch_tokens):
             batch = [samples[i] for i in chunk]
             with self._autocast():
-                logprobs = response_logprobs(
+                logprobs, entropies = response_logprobs_and_entropy(
                     self.model, [s.prompt_ids for s in batch], [s.response_ids for s in batch], self.temperature
                 )
             loss = 0.0
-            for sample_index, sample, logp in zip(chunk, batch, logprobs):
+            for sample_index, sample, logp, entropy in zip(chunk, batch, logprobs, entropies):
                 weight = weight_of[sample_index]
                 logp = logp.float()
                 before = old[sample_index] if old is not None else logp.detach()
@@ -140,7 +143,8 @@ class Learner:
                     sums["clip_fraction"] += ((ratio - clipped).abs() > 1e-6).float().sum().item()
                 else:
                     surrogate = logp * advantage
-                token_loss = -importance * surrogate
+                token_loss = -importance * surrogate - config.entropy_coef * entropy
+                sums["entropy"] += entropy.detach().sum().item()
                 if reference is not None:
                     log_ratio = reference[sample_index] - logp
                     kl = torch.exp(log_ratio) - log_ratio - 1
@@ -187,6 +191,18 @@ class Learner:
         if self.config.precision == "bf16":
             return torch.autocast(device_type=torch.device(self.device).type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def scoring_model(self):
+        """The policy as a plain causal LM (LoRA merged in), in eval mode and without
+        gradients, for probes such as exact exploitability."""
+        base = self.model.get_base_model() if self.lora else self.model
+        with _merged(self.model) if self.lora else contextlib.nullcontext(), torch.no_grad():
+            base.eval()
+            try:
+                yield base
+            finally:
+                self.model.train()
 
     # -- weights out ---------------------------------------------------------------------------
 

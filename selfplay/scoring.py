@@ -45,10 +45,27 @@ def response_logprobs(
 ) -> list[torch.Tensor]:
     """log softmax(logits / T) of each response token given its prompt, one tensor per pair.
     Gradients flow when the caller has them enabled."""
+    return response_logprobs_and_entropy(model, prompts, responses, temperature, entropy=False)[0]
+
+
+def response_logprobs_and_entropy(
+    model,
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    temperature: float = 1.0,
+    entropy: bool = True,
+) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+    """`response_logprobs`, and the entropy of the model's next-token distribution at each of
+    those positions (None when `entropy` is off)."""
     # The output head runs on response positions only: over whole prompts it is most of the cost.
     logits = model.get_output_embeddings()(response_hidden(model, prompts, responses)).float()
     if temperature not in (0, 1):
         logits = logits / temperature
     targets = torch.tensor([t for r in responses for t in r], device=logits.device)
-    token_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
-    return list(token_logprobs.split([len(r) for r in responses]))
+    all_logprobs = torch.log_softmax(logits, dim=-1)
+    lengths = [len(r) for r in responses]
+    token_logprobs = all_logprobs.gather(-1, targets[:, None]).squeeze(-1)
+    entropies = None
+    if entropy:
+        entropies = list((-(all_logprobs.exp() * all_logprobs).sum(-1)).split(lengths))
+    return list(token_logprobs.split(lengths)), entropies

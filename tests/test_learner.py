@@ -84,6 +84,34 @@ def test_kl_penalty_grows_as_the_policy_leaves_the_reference(tiny_model_dir, pro
     assert second["kl"] > 1e-4
 
 
+def test_entropy_bonus_is_logged_and_raises_the_entropy(tiny_model_dir, prompt):
+    from selfplay.scoring import response_logprobs_and_entropy
+
+    response = [5, 6, 7]
+
+    def entropy(learner):
+        with torch.no_grad():
+            logprobs, entropies = response_logprobs_and_entropy(learner.model, [prompt], [response])
+        probs = torch.softmax(learner.model(torch.tensor([prompt + response[:-1]])).logits[0, -3:].float(), -1)
+        assert torch.allclose(entropies[0], -(probs * probs.log()).sum(-1), atol=1e-4)
+        assert torch.allclose(logprobs[0], probs.log()[range(3), response], atol=1e-4)
+        return entropies[0].mean().item()
+
+    first = None
+    after = {}
+    for coef in (0.0, 1.0):
+        learner = Learner(str(tiny_model_dir), LearnerConfig(loss="reinforce", lr=1e-3, entropy_coef=coef), seed=0)
+        before = entropy(learner)
+        for _ in range(4):
+            stats = learner.update([sampled(learner, prompt, response, 1.0)])
+            first = first or stats
+        after[coef] = entropy(learner)
+    assert first["entropy"] == pytest.approx(before, rel=1e-4)
+    # Reinforcing one response sharpens the policy; the bonus holds its entropy up.
+    assert after[0.0] < before - 0.05
+    assert after[1.0] > after[0.0] + 0.05
+
+
 def test_ppo_epochs_clip_the_ratio(tiny_model_dir, prompt):
     learner = Learner(str(tiny_model_dir), LearnerConfig(lr=5e-2, epochs=4, clip=0.2), seed=0)
     stats = learner.update([sampled(learner, prompt, [5, 6, 7], 1.0)])

@@ -1,0 +1,40 @@
+"""Scoring responses: the shared-prefix forward pass gives what a plain forward pass gives."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from selfplay.scoring import response_hidden, response_logprobs_and_entropy  # noqa: E402
+
+# Three prompts sharing a 5-token prefix, responses of different lengths (right padding).
+PROMPTS = [[7, 8, 9, 10, 11, 20, 21], [7, 8, 9, 10, 11, 30], [7, 8, 9, 10, 11, 40, 41, 42]]
+RESPONSES = [[50, 51], [60, 61, 62], [70]]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+def plain_hidden(model, prompt, response):
+    """Hidden states of one unpadded sequence, by a plain forward pass."""
+    with torch.no_grad():
+        return model.get_decoder()(input_ids=torch.tensor([prompt + response])).last_hidden_state[0]
+
+
+def test_response_hidden_and_entropy_match_a_plain_forward_pass(model):
+    with torch.no_grad():
+        hidden = response_hidden(model, PROMPTS, RESPONSES)
+        logprobs, entropies = response_logprobs_and_entropy(model, PROMPTS, RESPONSES)
+    start = 0
+    for prompt, response, logp, entropy in zip(PROMPTS, RESPONSES, logprobs, entropies):
+        plain = plain_hidden(model, prompt, response)[len(prompt) - 1 : len(prompt) - 1 + len(response)]
+        assert torch.allclose(hidden[start : start + len(response)], plain, atol=1e-5)
+        distribution = torch.log_softmax(model.get_output_embeddings()(plain), dim=-1)
+        assert torch.allclose(logp, distribution[range(len(response)), response], atol=1e-5)
+        assert torch.allclose(entropy, -(distribution.exp() * distribution).sum(-1), atol=1e-4)
+        start += len(response)
