@@ -1,7 +1,9 @@
-"""Per-agent tallies of finished games: wins, draws, losses, invalid moves and reward."""
+"""Per-agent tallies of finished games: wins, draws, losses, invalid moves and reward, and
+confidence intervals for the rates."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
@@ -26,24 +28,25 @@ class AgentRecord:
         return {**asdict(self), "mean_reward": self.mean_reward}
 
 
-def tally(results: Iterable[MatchResult]) -> list[AgentRecord]:
-    """One record per agent, in order of first appearance.
+def seat_outcome(rewards: tuple[float, ...], seat: int) -> str:
+    """ "wins" when the seat's reward beats every other seat's, "losses" when another seat's
+    beats it, "draws" otherwise."""
+    mine = rewards[seat]
+    best_other = max(r for s, r in enumerate(rewards) if s != seat)
+    return "wins" if mine > best_other else "losses" if mine < best_other else "draws"
 
-    A seat wins when its reward beats every other seat's, loses when another seat's beats
-    it, and draws otherwise.
-    """
+
+def tally(results: Iterable[MatchResult]) -> list[AgentRecord]:
+    """One record per agent, in order of first appearance (outcomes by `seat_outcome`)."""
     records: dict[str, AgentRecord] = {}
     for result in results:
         for seat, agent in enumerate(result.players):
             record = records.setdefault(agent, AgentRecord(agent))
-            mine = result.rewards[seat]
-            best_other = max(r for s, r in enumerate(result.rewards) if s != seat)
+            outcome = seat_outcome(result.rewards, seat)
             record.games += 1
-            record.wins += mine > best_other
-            record.losses += mine < best_other
-            record.draws += mine == best_other
+            setattr(record, outcome, getattr(record, outcome) + 1)
             record.invalid_moves += result.invalid_moves[seat]
-            record.total_reward += mine
+            record.total_reward += result.rewards[seat]
     return list(records.values())
 
 
@@ -60,3 +63,19 @@ def format_table(records: Iterable[AgentRecord]) -> str:
     ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+Z_95 = 1.959963984540054  # the standard normal quantile of 0.975
+
+
+def wilson_interval(successes: int, trials: int, z: float = Z_95) -> tuple[float, float]:
+    """The Wilson score interval for a binomial rate (95% by default). Unlike the normal
+    approximation it stays inside [0, 1] and is not empty at 0 or `trials` successes."""
+    if trials <= 0:
+        return (0.0, 1.0)
+    rate = successes / trials
+    spread = z * z / trials
+    centre = (rate + spread / 2) / (1 + spread)
+    half = z * math.sqrt(rate * (1 - rate) / trials + spread / (4 * trials)) / (1 + spread)
+    # Rounding can put a bound a hair past the rate at 0 or `trials` successes.
+    return (max(0.0, min(rate, centre - half)), min(1.0, max(rate, centre + half)))

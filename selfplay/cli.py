@@ -59,6 +59,35 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from selfplay.evaluation.evaluate import EvalSettings, evaluate, find_candidates, load_suite
+    from selfplay.evaluation.report import RESULTS_FILE, write_report
+    from selfplay.rollouts import RolloutSettings
+
+    suite = load_suite(args.suite) if args.suite else {}
+    games = args.games or suite.get("games")
+    if not games:
+        raise UserError("Say which games to evaluate on: --games SPEC... or --suite NAME.")
+    opponents = args.opponents or ",".join(suite.get("opponents", ["random"]))
+    settings = EvalSettings(
+        games=tuple(games),
+        opponents=tuple(o.strip() for o in opponents.split(",") if o.strip()),
+        episodes=args.episodes or int(suite.get("episodes", 50)),
+        seed=args.seed,
+        rollout=RolloutSettings(
+            sampling=SamplingSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature),
+            max_turns=args.max_turns,
+        ),
+        backend=args.backend,
+        round_robin=not args.no_round_robin,
+        exploitability=not args.no_exploitability,
+    )
+    results = evaluate(find_candidates(args.checkpoints), settings, progress=not args.no_progress)
+    report = write_report(results, args.out)
+    print(f"Wrote {report} and {report.parent / RESULTS_FILE}.")
+    return 0
+
+
 def _cmd_games_list(args: argparse.Namespace) -> int:
     rows = describe_games()
     width = max(len(name) for name, _ in rows)
@@ -151,6 +180,40 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     train.set_defaults(run=_cmd_train)
+
+    evaluation = commands.add_parser(
+        "eval",
+        help="evaluate checkpoints against fixed opponents and each other",
+        description="Play checkpoints against fixed opponents (both seats) on chosen games, run a round robin "
+        "between them with Elo, compute exact exploitability where the game is small, and write results.json, "
+        "report.md and PNG plots.",
+    )
+    evaluation.add_argument(
+        "--checkpoints",
+        nargs="+",
+        required=True,
+        metavar="RUN_DIR_OR_MODEL",
+        help="run directories (every checkpoint), checkpoint directories, or models (a directory, a hub "
+        "name, or default)",
+    )
+    evaluation.add_argument("--games", nargs="+", metavar="SPEC", help="game specs (see `selfplay games list`)")
+    evaluation.add_argument("--suite", help="a suite in configs/suites (train, held_out) or a suite YAML file")
+    evaluation.add_argument(
+        "--opponents", help=f"comma-separated agent specs (default: the suite's, else random). {agent_help()}"
+    )
+    evaluation.add_argument(
+        "--episodes", type=_positive_int, help="games per checkpoint, game and opponent (default: the suite's, else 50)"
+    )
+    evaluation.add_argument("--seed", type=int, default=0, help="seed for deals, agents and sampling (default 0)")
+    evaluation.add_argument("--out", default="eval", help="output directory (default ./eval)")
+    evaluation.add_argument("--backend", choices=BACKENDS, default="hf", help="generation backend (default hf)")
+    evaluation.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1)")
+    evaluation.add_argument("--max-new-tokens", type=_positive_int, default=32, help="tokens per turn (default 32)")
+    evaluation.add_argument("--max-turns", type=_positive_int, default=50, help="turn cap per game (default 50)")
+    evaluation.add_argument("--no-round-robin", action="store_true", help="skip the round robin between checkpoints")
+    evaluation.add_argument("--no-exploitability", action="store_true", help="skip exact exploitability")
+    evaluation.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    evaluation.set_defaults(run=_cmd_eval)
 
     games = commands.add_parser("games", help="list the games", description="Inspect the game registry.")
     games_commands = games.add_subparsers(dest="games_command", required=True, metavar="COMMAND")

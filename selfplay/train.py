@@ -30,6 +30,8 @@ from selfplay.checkpoint import latest_checkpoint, list_checkpoints, load_checkp
 from selfplay.config import TrainConfig, config_to_dict, load_config
 from selfplay.default_model import resolve_model
 from selfplay.errors import UserError
+from selfplay.evaluation.evaluate import plan_pairings, play_opponents
+from selfplay.evaluation.exploitability import SUPPORTED_GAMES, policy_exploitability
 from selfplay.games import InvalidMovePolicy, make_game
 from selfplay.learner import Learner, Sample
 from selfplay.records import Trajectory
@@ -60,6 +62,16 @@ def validate(config: TrainConfig) -> None:
         raise UserError("rollout.games_per_step must be a multiple of advantages.group_size.")
     if config.learner.epochs < 1 or config.learner.minibatches < 1:
         raise UserError("learner.epochs and learner.minibatches must be at least 1.")
+    if config.eval.every:
+        if config.eval.episodes < 1:
+            raise UserError("eval.episodes must be at least 1.")
+        eval_pairings(config)
+
+
+def eval_pairings(config: TrainConfig) -> dict[str, list[str]]:
+    """The (game, fixed opponent) pairings evaluated every `eval.every` steps."""
+    pairings, _ = plan_pairings(config.eval.games or list(config.games), config.eval.opponents)
+    return pairings
 
 
 def step_matches(config: TrainConfig, step: int) -> list[MatchSpec]:
@@ -182,6 +194,8 @@ class Trainer:
             while self.step < self.config.steps:
                 self.step += 1
                 metrics = self.train_step()
+                if self.config.eval.every and self.step % self.config.eval.every == 0:
+                    metrics.update(self.evaluate())
                 self._log(metrics)
                 bar.update(1)
                 bar.set_postfix(
@@ -235,6 +249,25 @@ class Trainer:
         metrics["time/learn_s"] = updated - generated
         metrics["time/sync_s"] = synced - updated
         metrics["time/tokens_per_s"] = tokens / max(generated - started, 1e-9)
+        return metrics
+
+    def evaluate(self) -> dict[str, float]:
+        """The current policy against the fixed opponents of `config.eval` (the same deals
+        every time), and its exact exploitability in the small games; the figures of
+        `selfplay eval`, as `eval/...` metrics."""
+        started = time.perf_counter()
+        pairings = eval_pairings(self.config)
+        rows = play_opponents(
+            self.backend, pairings, self.config.eval.episodes, self.config.seed, self.rollout_settings
+        )
+        metrics = {}
+        for row in rows:
+            for name in ("wins_rate", "draws_rate", "losses_rate", "invalid_move_rate", "mean_response_tokens"):
+                metrics[f"eval/{row['game']}/{row['opponent']}/{name}"] = row[name]
+        for game in (g for g in pairings if g in SUPPORTED_GAMES):
+            with self.learner.scoring_model() as model:
+                metrics[f"eval/{game}/exploitability"] = policy_exploitability(model, self.learner.tokenizer, game)
+        metrics["time/eval_s"] = time.perf_counter() - started
         return metrics
 
     def save(self) -> Path:

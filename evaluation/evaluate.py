@@ -1,0 +1,345 @@
+"""`selfplay eval`: how checkpoints play games against fixed opponents and against each other.
+
+For each checkpoint (every checkpoint of a run directory, or any model), each game and each
+opponent, the checkpoint plays `episodes` games, alternating seats: wins, draws and losses
+with 95% Wilson intervals, per seat and overall, the invalid-move rate and the mean response
+length. All games of one checkpoint run through one rollout engine, so its turns in every
+game and against every opponent share generation batches. Then, optionally, a round robin
+between the checkpoints in each two-player game, with Elo fitted by OpenSpiel, and the exact
+exploitability of each checkpoint where the game is small enough (Kuhn Poker, Leduc Hold'em).
+
+Every game's seed derives from the evaluation seed, the game and the opponent, so every
+checkpoint meets the same deals; the same seed gives the same figures. Timings are kept out
+of the results for that reason.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import yaml
+from tqdm import tqdm
+
+from selfplay.backends import PolicyBackend
+from selfplay.checkpoint import STATE_FILE, list_checkpoints
+from selfplay.errors import UserError
+from selfplay.evaluation.exploitability import SUPPORTED_GAMES
+from selfplay.evaluation.ratings import fit_elo
+from selfplay.evaluation.scoreboard import seat_outcome, wilson_interval
+from selfplay.games import make_game
+from selfplay.records import Trajectory
+from selfplay.rollouts import MatchSpec, Player, RolloutEngine, RolloutSettings
+
+POLICY = "policy"  # the label of the evaluated model in its games against fixed opponents
+SUITES_DIR = Path(__file__).resolve().parent.parent / "configs" / "suites"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A policy to evaluate: a checkpoint of a run (with its step) or any model."""
+
+    name: str
+    model: str  # a model directory, a hub name, or "default"
+    step: int | None = None
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    games: tuple[str, ...]
+    opponents: tuple[str, ...] = ("random",)
+    episodes: int = 50  # per checkpoint, game and opponent (and per pair in the round robin)
+    seed: int = 0
+    rollout: RolloutSettings = field(default_factory=RolloutSettings)
+    backend: str = "hf"
+    round_robin: bool = True
+    exploitability: bool = True
+
+
+def find_candidates(specs: Sequence[str]) -> list[Candidate]:
+    """Each spec is a run directory (all its checkpoints, oldest first), one checkpoint
+    directory, or a model (directory, hub name or "default")."""
+    found: list[Candidate] = []
+    for spec in specs:
+        path = Path(spec)
+        checkpoints = list_checkpoints(path)
+        if checkpoints:
+            found += [_checkpoint_candidate(c) for c in checkpoints]
+        elif (path / STATE_FILE).exists():
+            found.append(_checkpoint_candidate(path))
+        elif path.is_dir() and not (path / "config.json").exists():
+            raise UserError(
+                f"'{spec}' is neither a run directory with checkpoints, a checkpoint, nor a model directory "
+                "(it has no config.json). Give a run directory such as runs/quickstart, or a model."
+            )
+        else:
+            found.append(Candidate(spec, spec))
+    names = [c.name for c in found]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise UserError(f"Checkpoints given twice: {', '.join(duplicates)}.")
+    return found
+
+
+def _checkpoint_candidate(path: Path) -> Candidate:
+    try:
+        step = int(json.loads((path / STATE_FILE).read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise UserError(f"Checkpoint '{path}' has an unreadable {STATE_FILE} ({err}); it may be corrupt.") from None
+    return Candidate(f"{path.parent.parent.name}/{path.name}", str(path), step)
+
+
+def load_suite(name: str) -> dict:
+    """A suite's settings (`games`, `opponents`, `episodes`) from `configs/suites/NAME.yaml`,
+    or from a YAML file path."""
+    path = Path(name) if name.endswith((".yaml", ".yml")) else SUITES_DIR / f"{name}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in SUITES_DIR.glob("*.yaml"))
+        raise UserError(f"Unknown suite '{name}'. Suites in {SUITES_DIR}: {', '.join(known) or 'none'}.")
+    suite = yaml.safe_load(path.read_text()) or {}
+    unknown = set(suite) - {"games", "opponents", "episodes"}
+    if unknown or not suite.get("games"):
+        raise UserError(
+            f"Suite '{path}' must list `games` and may set `opponents` and `episodes`; it has {sorted(suite)}."
+        )
+    return suite
+
+
+# -- games against fixed opponents ----------------------------------------------------------------
+
+
+def match_seeds(seed: int, game: str, opponent: str, episodes: int) -> list[int]:
+    """The seeds of the games against one opponent: the same for every checkpoint."""
+    key = [seed, zlib.crc32(game.encode()), zlib.crc32(opponent.encode())]
+    return np.random.SeedSequence(key).generate_state(episodes).tolist()
+
+
+def require_two_players(game: str):
+    """The game's twin, if it has two seats (evaluation pairs two players)."""
+    twin = make_game(game)
+    if twin.num_players != 2:
+        raise UserError(f"Evaluation pairs two players; '{game}' has {twin.num_players} seats.")
+    return twin
+
+
+def pairing_matches(game: str, first: str, second: str, seeds: Sequence[int]) -> list[MatchSpec]:
+    """Two-seat matches between `first` and `second`, alternating seats."""
+    require_two_players(game)
+    return [MatchSpec(game, (first, second) if i % 2 == 0 else (second, first), s) for i, s in enumerate(seeds)]
+
+
+def outcome_stats(trajectories: Iterable[Trajectory], label: str) -> dict:
+    """Wins, draws and losses of `label` (`seat_outcome`), with Wilson intervals, overall
+    and per seat; its invalid-move rate over its turns and its mean response length in tokens."""
+    counts = {"games": 0, "wins": 0, "draws": 0, "losses": 0}
+    seats: dict[int, dict] = {}
+    turns = invalid = tokens = 0
+    for trajectory in trajectories:
+        result = trajectory.result
+        for seat, player in enumerate(result.players):
+            if player != label:
+                continue
+            outcome = seat_outcome(result.rewards, seat)
+            per_seat = seats.setdefault(seat, {"games": 0, "wins": 0, "draws": 0, "losses": 0})
+            for tally in (counts, per_seat):
+                tally["games"] += 1
+                tally[outcome] += 1
+        mine = [t for t in trajectory.turns if t.agent == label]
+        turns += len(mine)
+        invalid += sum(t.invalid for t in mine)
+        tokens += sum(len(t.response_ids) for t in mine)
+    return {
+        **_rates(counts),
+        "seats": {str(seat): _rates(tally) for seat, tally in sorted(seats.items())},
+        "turns": turns,
+        "invalid_move_rate": invalid / turns if turns else 0.0,
+        "mean_response_tokens": tokens / turns if turns else 0.0,
+    }
+
+
+def _rates(counts: dict) -> dict:
+    out = dict(counts)
+    for outcome in ("wins", "draws", "losses"):
+        out[f"{outcome}_rate"] = counts[outcome] / counts["games"] if counts["games"] else 0.0
+        out[f"{outcome}_ci95"] = list(wilson_interval(counts[outcome], counts["games"]))
+    return out
+
+
+def plan_pairings(games: Sequence[str], opponents: Sequence[str]) -> tuple[dict[str, list[str]], list[dict]]:
+    """The opponents each game can seat, and the (game, opponent, reason) left out because the
+    opponent does not apply to the game (`nash` needs hidden information, for instance).
+    Unknown games and agent specs, and games without two seats, raise UserError."""
+    from selfplay.agents import IncompatibleAgentError, make_agent
+
+    pairings: dict[str, list[str]] = {}
+    skipped = []
+    for game in games:
+        twin = require_two_players(game)
+        pairings[game] = []
+        for opponent in opponents:
+            try:
+                make_agent(opponent, twin, seed=0)
+            except IncompatibleAgentError as err:
+                skipped.append({"game": game, "opponent": opponent, "reason": str(err)})
+            else:
+                pairings[game].append(opponent)
+    return pairings, skipped
+
+
+def play_opponents(
+    policy: PolicyBackend,
+    pairings: dict[str, list[str]],
+    episodes: int,
+    seed: int,
+    rollout: RolloutSettings,
+    on_game: Callable[[], None] = lambda: None,
+) -> list[dict]:
+    """`policy` against each opponent of each game (`plan_pairings`), all in one rollout
+    engine; one row of `outcome_stats` per (game, opponent). `on_game` is called as each game
+    finishes."""
+    matches: list[MatchSpec] = []
+    for game, opponents in pairings.items():
+        for opponent in opponents:
+            matches += pairing_matches(game, POLICY, opponent, match_seeds(seed, game, opponent, episodes))
+    players: dict[str, Player] = {POLICY: policy, **{o: o for opponents in pairings.values() for o in opponents}}
+    by_pairing: dict[tuple[str, str], list[Trajectory]] = {}
+    engine = RolloutEngine(players, replace(rollout, sampling=replace(rollout.sampling, seed=seed)))
+    for trajectory in engine.run(matches):
+        opponent = next(p for p in trajectory.result.players if p != POLICY)
+        by_pairing.setdefault((trajectory.result.game, opponent), []).append(trajectory)
+        on_game()
+    return [
+        {"game": game, "opponent": opponent, **outcome_stats(by_pairing[(game, opponent)], POLICY)}
+        for game, opponents in pairings.items()
+        for opponent in opponents
+    ]
+
+
+# -- the whole evaluation -------------------------------------------------------------------------
+
+
+def evaluate(candidates: Sequence[Candidate], settings: EvalSettings, progress: bool = True) -> dict:
+    """Every figure of the evaluation, as plain data (what `results.json` holds)."""
+    from selfplay.match import load_policy
+
+    if not candidates:
+        raise UserError("Nothing to evaluate: give --checkpoints (run directories, checkpoints or models).")
+    if settings.episodes < 1:
+        raise UserError("--episodes must be at least 1.")
+    pairings, skipped = plan_pairings(settings.games, settings.opponents)
+    pairs = len(candidates) * (len(candidates) - 1) // 2 if settings.round_robin else 0
+    total = len(candidates) * sum(map(len, pairings.values())) * settings.episodes
+    total += pairs * len(settings.games) * settings.episodes
+    bar = tqdm(total=total, desc="eval", unit="game", disable=not progress)
+    results: dict = {
+        "settings": _settings_dict(settings),
+        "candidates": [asdict(c) for c in candidates],
+        "skipped": skipped,
+        "matches": [],
+        "round_robin": {},
+        "exploitability": [],
+    }
+    try:
+        for candidate in candidates:
+            bar.set_postfix_str(candidate.name)
+            policy = load_policy(candidate.model, settings.backend)
+            try:
+                rows = play_opponents(
+                    policy,
+                    pairings,
+                    settings.episodes,
+                    settings.seed,
+                    settings.rollout,
+                    on_game=lambda: bar.update(1),
+                )
+            finally:
+                policy.close()
+            results["matches"] += [{"candidate": candidate.name, "step": candidate.step, **row} for row in rows]
+        if pairs:
+            bar.set_postfix_str("round robin")
+            results["round_robin"] = round_robin(candidates, settings.games, settings, on_game=lambda: bar.update(1))
+    finally:
+        bar.close()
+    if settings.exploitability:
+        results["exploitability"] = exploitabilities(candidates, [g for g in settings.games if g in SUPPORTED_GAMES])
+    return results
+
+
+def _settings_dict(settings: EvalSettings) -> dict:
+    out = asdict(settings)
+    out["rollout"]["invalid_moves"] = asdict(settings.rollout.invalid_moves)
+    return json.loads(json.dumps(out))  # tuples as lists, as the JSON file holds them
+
+
+def round_robin(
+    candidates: Sequence[Candidate], games: Sequence[str], settings: EvalSettings, on_game: Callable[[], None]
+) -> dict:
+    """Every pair of candidates plays `episodes` games of each game, alternating seats; per
+    game, the win and draw matrices and the Elo ratings OpenSpiel fits to them."""
+    from selfplay.match import load_policy
+
+    labels = [c.name for c in candidates]
+    index = {label: i for i, label in enumerate(labels)}
+    players = {c.name: load_policy(c.model, settings.backend) for c in candidates}
+    try:
+        matches = [
+            match
+            for game in games
+            for i, first in enumerate(labels)
+            for second in labels[i + 1 :]
+            for match in pairing_matches(
+                game, first, second, match_seeds(settings.seed, game, f"{first}|{second}", settings.episodes)
+            )
+        ]
+        wins = {g: np.zeros((len(labels), len(labels)), dtype=int) for g in games}
+        draws = {g: np.zeros((len(labels), len(labels)), dtype=int) for g in games}
+        rollout = replace(settings.rollout, sampling=replace(settings.rollout.sampling, seed=settings.seed))
+        for trajectory in RolloutEngine(players, rollout).run(matches):
+            result = trajectory.result
+            a, b = (index[p] for p in result.players)
+            if result.rewards[0] > result.rewards[1]:
+                wins[result.game][a, b] += 1
+            elif result.rewards[0] < result.rewards[1]:
+                wins[result.game][b, a] += 1
+            else:
+                draws[result.game][a, b] += 1
+                draws[result.game][b, a] += 1
+            on_game()
+    finally:
+        for policy in players.values():
+            policy.close()
+    return {
+        game: {
+            "players": labels,
+            "steps": [c.step for c in candidates],
+            "wins": wins[game].tolist(),
+            "draws": draws[game].tolist(),
+            "elo": fit_elo(wins[game], draws[game]),
+        }
+        for game in games
+    }
+
+
+def exploitabilities(candidates: Sequence[Candidate], games: Sequence[str]) -> list[dict]:
+    """Exact exploitability of each candidate's policy in each small game."""
+    if not games:
+        return []
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from selfplay.default_model import resolve_model
+    from selfplay.evaluation.exploitability import policy_exploitability
+
+    rows = []
+    for candidate in candidates:
+        path = resolve_model(candidate.model)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        for game in games:
+            value = policy_exploitability(model, tokenizer, game)
+            rows.append({"candidate": candidate.name, "step": candidate.step, "game": game, "exploitability": value})
+    return rows
