@@ -3,14 +3,15 @@
 For each checkpoint (every checkpoint of a run directory, or any model), each game and each
 opponent, the checkpoint plays `episodes` games, alternating seats: wins, draws and losses
 with 95% Wilson intervals, per seat and overall, the invalid-move rate and the mean response
-length. All games of one checkpoint run through one rollout engine, so its turns in every
-game and against every opponent share generation batches. Then, optionally, a round robin
+length. Then, optionally, a round robin
 between the checkpoints in each two-player game, with Elo fitted by OpenSpiel, and the exact
 exploitability of each checkpoint where the game is small enough (Kuhn Poker, Leduc Hold'em).
 
 Every game's seed derives from the evaluation seed, the game and the opponent, so every
-checkpoint meets the same deals; the same seed gives the same figures. Timings are kept out
-of the results for that reason.
+checkpoint meets the same deals; the same seed gives the same figures (timings are kept out
+of the results for that reason). One exception: OpenSpiel's information-set MCTS bot (`mcts`
+in Kuhn Poker or Leduc Hold'em) moves differently from one process to the next for the same
+seed, so those pairings vary between runs; every other pairing is unaffected.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from selfplay.evaluation.ratings import fit_elo
 from selfplay.evaluation.scoreboard import seat_outcome, wilson_interval
 from selfplay.games import make_game
 from selfplay.records import Trajectory
-from selfplay.rollouts import MatchSpec, Player, RolloutEngine, RolloutSettings
+from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
 
 POLICY = "policy"  # the label of the evaluated model in its games against fixed opponents
 SUITES_DIR = Path(__file__).resolve().parent.parent / "configs" / "suites"
@@ -198,25 +199,23 @@ def play_opponents(
     rollout: RolloutSettings,
     on_game: Callable[[], None] = lambda: None,
 ) -> list[dict]:
-    """`policy` against each opponent of each game (`plan_pairings`), all in one rollout
-    engine; one row of `outcome_stats` per (game, opponent). `on_game` is called as each game
-    finishes."""
-    matches: list[MatchSpec] = []
+    """`policy` against each opponent of each game (`plan_pairings`); one row of
+    `outcome_stats` per (game, opponent). `on_game` is called as each game finishes.
+
+    Each pairing runs in a rollout engine of its own: a batch shares one sampling seed, so
+    games sharing batches share their luck, and one pairing's figures stay the same whatever
+    else is evaluated beside it."""
+    rows = []
+    rollout = replace(rollout, sampling=replace(rollout.sampling, seed=seed))
     for game, opponents in pairings.items():
         for opponent in opponents:
-            matches += pairing_matches(game, POLICY, opponent, match_seeds(seed, game, opponent, episodes))
-    players: dict[str, Player] = {POLICY: policy, **{o: o for opponents in pairings.values() for o in opponents}}
-    by_pairing: dict[tuple[str, str], list[Trajectory]] = {}
-    engine = RolloutEngine(players, replace(rollout, sampling=replace(rollout.sampling, seed=seed)))
-    for trajectory in engine.run(matches):
-        opponent = next(p for p in trajectory.result.players if p != POLICY)
-        by_pairing.setdefault((trajectory.result.game, opponent), []).append(trajectory)
-        on_game()
-    return [
-        {"game": game, "opponent": opponent, **outcome_stats(by_pairing[(game, opponent)], POLICY)}
-        for game, opponents in pairings.items()
-        for opponent in opponents
-    ]
+            matches = pairing_matches(game, POLICY, opponent, match_seeds(seed, game, opponent, episodes))
+            trajectories = []
+            for trajectory in RolloutEngine({POLICY: policy, opponent: opponent}, rollout).run(matches):
+                trajectories.append(trajectory)
+                on_game()
+            rows.append({"game": game, "opponent": opponent, **outcome_stats(trajectories, POLICY)})
+    return rows
 
 
 # -- the whole evaluation -------------------------------------------------------------------------

@@ -33,13 +33,18 @@ def _plots(results: dict, out: Path) -> list[tuple[str, str]]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     names = [c["name"] for c in results["candidates"]]
     plots = []
     games = list(dict.fromkeys(r["game"] for r in results["matches"]))
     if games:
-        fig, axes = plt.subplots(1, len(games), figsize=(4.5 * len(games), 3.6), squeeze=False)
-        for ax, game in zip(axes[0], games):
+        columns = min(3, len(games))
+        grid_rows = -(-len(games) // columns)
+        fig, axes = plt.subplots(grid_rows, columns, figsize=(4.8 * columns, 3.6 * grid_rows), squeeze=False)
+        for ax in axes.flat[len(games) :]:
+            ax.set_visible(False)
+        for ax, game in zip(axes.flat, games):
             for opponent in dict.fromkeys(r["opponent"] for r in results["matches"] if r["game"] == game):
                 rows = [r for r in results["matches"] if r["game"] == game and r["opponent"] == opponent]
                 x, label = _x_axis(rows, names)
@@ -48,6 +53,7 @@ def _plots(results: dict, out: Path) -> list[tuple[str, str]]:
                 high = [r["wins_ci95"][1] - r["wins_rate"] for r in rows]
                 ax.errorbar(x, rate, yerr=[low, high], marker="o", capsize=3, label=f"vs {opponent}")
             ax.set(title=game, xlabel=label, ylabel="win rate (95% Wilson)", ylim=(-0.02, 1.02))
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.legend(fontsize=8)
         plots.append(_save(fig, out / "win_rate.png", "Win rate by checkpoint, per game and opponent"))
     if results["round_robin"]:
@@ -57,6 +63,7 @@ def _plots(results: dict, out: Path) -> list[tuple[str, str]]:
             x, label = _x_axis(rows, names)
             ax.plot(x, table["elo"], marker="o", label=game)
         ax.set(title="Round robin between checkpoints", xlabel=label, ylabel="Elo (OpenSpiel fit)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend(fontsize=8)
         plots.append(_save(fig, out / "elo.png", "Elo by checkpoint (round robin)"))
     if results["exploitability"]:
@@ -67,6 +74,7 @@ def _plots(results: dict, out: Path) -> list[tuple[str, str]]:
             ax.plot(x, [r["exploitability"] for r in rows], marker="o", label=game)
         ax.set(title="Exact exploitability", xlabel=label, ylabel="exploitability (0 = Nash)")
         ax.set_ylim(bottom=0)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend(fontsize=8)
         plots.append(_save(fig, out / "exploitability.png", "Exploitability by checkpoint"))
     return plots
