@@ -128,8 +128,8 @@ def require_two_players(game: str):
 
 
 def pairing_matches(game: str, first: str, second: str, seeds: Sequence[int]) -> list[MatchSpec]:
-    """Two-seat matches between `first` and `second`, alternating seats."""
-    require_two_players(game)
+    """Matches of a two-seat game (`plan_pairings` checks) between `first` and `second`,
+    alternating seats."""
     return [MatchSpec(game, (first, second) if i % 2 == 0 else (second, first), s) for i, s in enumerate(seeds)]
 
 
@@ -300,9 +300,10 @@ def round_robin(
         for trajectory in RolloutEngine(players, rollout).run(matches):
             result = trajectory.result
             a, b = (index[p] for p in result.players)
-            if result.rewards[0] > result.rewards[1]:
+            outcome = seat_outcome(result.rewards, 0)
+            if outcome == "wins":
                 wins[result.game][a, b] += 1
-            elif result.rewards[0] < result.rewards[1]:
+            elif outcome == "losses":
                 wins[result.game][b, a] += 1
             else:
                 draws[result.game][a, b] += 1

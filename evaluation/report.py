@@ -33,7 +33,6 @@ def _plots(results: dict, out: Path) -> list[tuple[str, str]]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
 
     names = [c["name"] for c in results["candidates"]]
     plots = []
@@ -52,9 +51,8 @@ def _plots(results: dict, out: Path) -> list[tuple[str, str]]:
                 low = [r["wins_rate"] - r["wins_ci95"][0] for r in rows]
                 high = [r["wins_ci95"][1] - r["wins_rate"] for r in rows]
                 ax.errorbar(x, rate, yerr=[low, high], marker="o", capsize=3, label=f"vs {opponent}")
-            ax.set(title=game, xlabel=label, ylabel="win rate (95% Wilson)", ylim=(-0.02, 1.02))
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.legend(fontsize=8)
+            _label_axes(ax, game, label, "win rate (95% Wilson)")
+            ax.set_ylim(-0.02, 1.02)
         plots.append(_save(fig, out / "win_rate.png", "Win rate by checkpoint, per game and opponent"))
     if results["round_robin"]:
         fig, ax = plt.subplots(figsize=(5.5, 3.6))
@@ -62,9 +60,7 @@ def _plots(results: dict, out: Path) -> list[tuple[str, str]]:
             rows = [{"candidate": n, "step": s} for n, s in zip(table["players"], table["steps"])]
             x, label = _x_axis(rows, names)
             ax.plot(x, table["elo"], marker="o", label=game)
-        ax.set(title="Round robin between checkpoints", xlabel=label, ylabel="Elo (OpenSpiel fit)")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.legend(fontsize=8)
+        _label_axes(ax, "Round robin between checkpoints", label, "Elo (OpenSpiel fit)")
         plots.append(_save(fig, out / "elo.png", "Elo by checkpoint (round robin)"))
     if results["exploitability"]:
         fig, ax = plt.subplots(figsize=(5.5, 3.6))
@@ -72,12 +68,18 @@ def _plots(results: dict, out: Path) -> list[tuple[str, str]]:
             rows = [r for r in results["exploitability"] if r["game"] == game]
             x, label = _x_axis(rows, names)
             ax.plot(x, [r["exploitability"] for r in rows], marker="o", label=game)
-        ax.set(title="Exact exploitability", xlabel=label, ylabel="exploitability (0 = Nash)")
+        _label_axes(ax, "Exact exploitability", label, "exploitability (0 = Nash)")
         ax.set_ylim(bottom=0)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.legend(fontsize=8)
         plots.append(_save(fig, out / "exploitability.png", "Exploitability by checkpoint"))
     return plots
+
+
+def _label_axes(ax, title: str, xlabel: str, ylabel: str) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
+    ax.legend(fontsize=8)
 
 
 def _save(fig, path: Path, caption: str) -> tuple[str, str]:

@@ -133,6 +133,7 @@ class Trainer:
     def __init__(self, config: TrainConfig, *, resume: bool = False, progress: bool = True):
         validate(config)
         self.config = config
+        self.eval_pairings = eval_pairings(config) if config.eval.every else {}
         self.run_dir = Path(config.run_dir)
         self.progress = progress
         model_path = resolve_model(config.model)
@@ -256,15 +257,14 @@ class Trainer:
         every time), and its exact exploitability in the small games; the figures of
         `selfplay eval`, as `eval/...` metrics."""
         started = time.perf_counter()
-        pairings = eval_pairings(self.config)
         rows = play_opponents(
-            self.backend, pairings, self.config.eval.episodes, self.config.seed, self.rollout_settings
+            self.backend, self.eval_pairings, self.config.eval.episodes, self.config.seed, self.rollout_settings
         )
         metrics = {}
         for row in rows:
             for name in ("wins_rate", "draws_rate", "losses_rate", "invalid_move_rate", "mean_response_tokens"):
                 metrics[f"eval/{row['game']}/{row['opponent']}/{name}"] = row[name]
-        for game in (g for g in pairings if g in SUPPORTED_GAMES):
+        for game in (g for g in self.eval_pairings if g in SUPPORTED_GAMES):
             with self.learner.scoring_model() as model:
                 metrics[f"eval/{game}/exploitability"] = policy_exploitability(model, self.learner.tokenizer, game)
         metrics["time/eval_s"] = time.perf_counter() - started
