@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from selfplay.agents import agent_help
 from selfplay.backends import BACKENDS, SamplingSettings
@@ -85,6 +86,23 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     results = evaluate(find_candidates(args.checkpoints), settings, progress=not args.no_progress)
     report = write_report(results, args.out)
     print(f"Wrote {report} and {report.parent / RESULTS_FILE}.")
+    return 0
+
+
+def _cmd_league_show(args: argparse.Namespace) -> int:
+    from selfplay.config import load_config
+    from selfplay.league.standings import show
+    from selfplay.train import CONFIG_FILE
+
+    config_path = Path(args.run_dir) / CONFIG_FILE
+    if not config_path.exists():
+        raise UserError(f"'{args.run_dir}' is not a run directory: it has no {CONFIG_FILE}.")
+    config = load_config(config_path)
+    print(show(args.run_dir, config.league.payoff_decay, args.csv))
+    if args.meta:
+        from selfplay.league.standings import league_meta_strategy
+
+        print("\n" + league_meta_strategy(args.run_dir, config.model, args.meta))
     return 0
 
 
@@ -214,6 +232,24 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--no-exploitability", action="store_true", help="skip exact exploitability")
     evaluation.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     evaluation.set_defaults(run=_cmd_eval)
+
+    league = commands.add_parser("league", help="inspect a league", description="Inspect a training run's league.")
+    league_commands = league.add_subparsers(dest="league_command", required=True, metavar="COMMAND")
+    league_show = league_commands.add_parser(
+        "show",
+        help="standings, payoff matrix and snapshot lineage",
+        description="Print a league's standings (online rating, Elo, games, win rate), its payoff matrix and its "
+        "snapshot lineage, from the store in the run directory.",
+    )
+    league_show.add_argument("run_dir", help="the run directory of a run trained with league.enabled=true")
+    league_show.add_argument("--csv", metavar="DIR", help="also write the tables (and every match) as CSV files to DIR")
+    league_show.add_argument(
+        "--meta",
+        metavar="GAME",
+        help="also solve the league's meta-strategy in GAME (kuhn_poker, leduc_holdem): a Nash mixture over the "
+        "active snapshots and the latest policy, with its exploitability and theirs",
+    )
+    league_show.set_defaults(run=_cmd_league_show)
 
     games = commands.add_parser("games", help="list the games", description="Inspect the game registry.")
     games_commands = games.add_subparsers(dest="games_command", required=True, metavar="COMMAND")

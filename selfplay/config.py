@@ -77,6 +77,29 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class LeagueConfig:
+    """A population beyond the main player: its snapshots, exploiters and scripted agents, with a
+    payoff table, ratings and a store in the run directory (see `selfplay/league/`)."""
+
+    enabled: bool = False
+    scripted: list[str] = field(default_factory=list)  # agent specs in the population, e.g. [random, "mcts:50"]
+    main_exploiters: int = 0  # each trains only against the main player
+    league_exploiters: int = 0  # each trains against the whole population
+    main_exploiter_opponents: dict[str, float] = field(default_factory=lambda: {"main": 1.0})
+    league_exploiter_opponents: dict[str, float] = field(default_factory=lambda: {"pfsp:hard": 1.0})
+    # Role -> opponent mix for a seat of that role, in place of the learning player's own mix.
+    role_opponents: dict[str, dict[str, float]] = field(default_factory=dict)
+    exploiter_lora_rank: int = 8  # exploiters train LoRA adapters of this rank on the initial model
+    exploiter_lr: float | None = None  # null: learner.lr (LoRA adapters usually want a larger one)
+    snapshot_every: int = 0  # steps between snapshots of a learning player; 0: by win rate and cap only
+    snapshot_win_rate: float = 0.7  # snapshot once its win rate against every player it meets exceeds this
+    snapshot_min_games: float = 8.0  # decayed games against a player before that win rate counts
+    snapshot_max_steps: int = 50  # a snapshot at least this often; 0 for no cap
+    population_cap: int = 32  # active snapshots at most; 0 for no cap
+    payoff_decay: float = 0.99  # per result between two players (AlphaStar's decayed counts)
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     run_dir: str = "runs/quickstart"
     seed: int = 0
@@ -86,8 +109,9 @@ class TrainConfig:
     steps: int = 100
     max_minutes: float | None = None  # stop (with a checkpoint) after the step that passes this wall time
     games: dict[str, float] = field(default_factory=lambda: {"tictactoe": 1.0})  # game spec -> weight
-    # Who the learner plays, by weight: "self" is its current policy, anything else an agent
-    # spec ("random", "mcts:50", "nash").
+    # Who the main player meets, by weight: "self" is its current policy; with the league,
+    # "uniform" and "pfsp:hard|variance|linear_capped" pick from the population; anything else
+    # is a fixed agent spec ("random", "mcts:50", "nash"). See selfplay/league/matchmaking.py.
     opponents: dict[str, float] = field(default_factory=lambda: {"self": 1.0})
     checkpoint_every: int = 50  # steps between checkpoints; the last step is always saved
     keep_checkpoints: int = 2
@@ -95,6 +119,7 @@ class TrainConfig:
     advantages: AdvantageConfig = AdvantageConfig()
     learner: LearnerConfig = LearnerConfig()
     eval: EvalConfig = EvalConfig()
+    league: LeagueConfig = LeagueConfig()
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConfig:
@@ -165,12 +190,13 @@ def _convert(hint, value: Any, key: str):
             raise UserError(f"Bad value for '{key}': expected a list, got {value!r}.")
         return [_convert(args[0], item, f"{key}[{i}]") for i, item in enumerate(items)]
     if origin is dict:
-        if isinstance(value, list):  # a plain list of names weighs them equally
+        weights = args[1] is float  # a mapping of names to weights, such as `games`
+        if isinstance(value, list) and weights:  # a plain list of names weighs them equally
             value = dict.fromkeys(value, 1.0)
-        if not isinstance(value, dict) or not value:
+        if not isinstance(value, dict) or (weights and not value):
             raise UserError(f"Bad value for '{key}': expected a mapping such as {{name: weight}}, got {value!r}.")
         converted = {_convert(args[0], k, key): _convert(args[1], v, f"{key}.{k}") for k, v in value.items()}
-        if any(v < 0 for v in converted.values()) or sum(converted.values()) <= 0:
+        if weights and (any(v < 0 for v in converted.values()) or sum(converted.values()) <= 0):
             raise UserError(f"Bad value for '{key}': weights must be non-negative with a positive sum.")
         return converted
     if hint is bool:

@@ -1,10 +1,12 @@
 """`selfplay train`: self-play training of one shared policy, one step at a time.
 
-Each step: pick the step's matches (games and opponents by their config weights, the learner's
-seat alternating) -> the rollout engine plays them, batching every pending turn of the
-policy -> the learner's turns get role-conditioned advantages -> the learner updates -> the
-new weights go to the generation backend -> metrics go to TensorBoard and the progress bar,
-and a checkpoint is written every `checkpoint_every` steps.
+Each step: pick the step's matches (games and opponents by their config weights, the
+learner's seat alternating; with `league.enabled`, the league picks them for the main player
+and each exploiter) -> the rollout engine plays them all at once, batching every pending turn
+per policy (learners and frozen snapshots alike) -> each learning player's turns get
+role-conditioned advantages -> each learner updates -> its new weights go to its generation
+backend -> the league records the results and takes its snapshots -> metrics go to
+TensorBoard and the progress bar, and a checkpoint is written every `checkpoint_every` steps.
 
 Everything random derives from `seed` and the step number (and the checkpointed torch random
 state), so a run resumed after a crash replays the steps it lost exactly as they would have been.
@@ -13,10 +15,12 @@ state), so a run resumed after a crash replays the steps it lost exactly as they
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -25,31 +29,66 @@ from tqdm import tqdm
 
 from selfplay.advantages import advantage_stats, estimate
 from selfplay.agents import make_agent
-from selfplay.backends import SamplingSettings, make_backend
-from selfplay.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from selfplay.backends import PolicyBackend, SamplingSettings, make_backend
+from selfplay.checkpoint import STATE_FILE, latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from selfplay.config import TrainConfig, config_to_dict, load_config
 from selfplay.default_model import resolve_model
 from selfplay.errors import UserError
 from selfplay.evaluation.evaluate import plan_pairings, play_opponents
 from selfplay.evaluation.exploitability import SUPPORTED_GAMES, policy_exploitability
 from selfplay.games import InvalidMovePolicy, make_game
+from selfplay.league.manager import League, ScheduledMatch, initial_players, roles_of
+from selfplay.league.matchmaking import SELF, is_fixed, rule_error, schedule_matches
+from selfplay.league.population import snapshot_name
+from selfplay.league.store import LEAGUE_FILE, LeagueStore
 from selfplay.learner import Learner, Sample
 from selfplay.records import Trajectory
 from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
 
-LEARNER = "learner"
-SELF = "self"
+MAIN = "main"
 CONFIG_FILE = "config.yaml"
+SNAPSHOTS_DIR = "league/snapshots"
+EXPLOITERS_DIR = "league/exploiters"
 GROUPED_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
 
 
+def opponent_mixes(config: TrainConfig) -> dict[str, dict[str, float]]:
+    """Every matchmaking mix of the config, by the key that sets it."""
+    league = config.league
+    mixes = {"opponents": config.opponents}
+    if league.enabled:
+        mixes["league.main_exploiter_opponents"] = league.main_exploiter_opponents
+        mixes["league.league_exploiter_opponents"] = league.league_exploiter_opponents
+        mixes.update({f"league.role_opponents.{role}": mix for role, mix in league.role_opponents.items()})
+    return mixes
+
+
 def validate(config: TrainConfig) -> None:
-    """Check what the schema cannot: that games and opponents exist and fit together."""
+    """Check what the schema cannot: that games, opponents and matchmaking rules exist and fit together."""
+    fixed = list(config.league.scripted)
+    for key, mix in opponent_mixes(config).items():
+        for rule in mix:
+            problem = rule_error(rule)
+            if problem:
+                raise UserError(f"Bad value for '{key}': {problem}.")
+            if is_fixed(rule):
+                fixed.append(rule)
+            elif rule != SELF and not config.league.enabled:
+                raise UserError(
+                    f"'{key}' names '{rule}', which picks from the league's population: set league.enabled=true, "
+                    "or use self and fixed agents only."
+                )
     for game in config.games:
         twin = make_game(game)
-        for opponent in config.opponents:
-            if opponent != SELF:
-                make_agent(opponent, twin, seed=0)
+        for spec in fixed:
+            make_agent(spec, twin, seed=0)
+    league = config.league
+    learning_players = 1 + league.main_exploiters + league.league_exploiters
+    if league.enabled and 0 < league.population_cap < learning_players:
+        raise UserError(
+            f"league.population_cap={league.population_cap} is below the {learning_players} learning players, "
+            "each of whose newest snapshot stays: raise it, or set 0 for no cap."
+        )
     if config.advantages.estimator in GROUPED_ESTIMATORS and config.advantages.group_size < 2:
         raise UserError(
             f"advantages.estimator={config.advantages.estimator} compares plays of the same game start: "
@@ -75,43 +114,32 @@ def eval_pairings(config: TrainConfig) -> dict[str, list[str]]:
 
 
 def step_matches(config: TrainConfig, step: int) -> list[MatchSpec]:
-    """The step's games: game and opponent drawn by weight, the learner's seat alternating,
-    each game start played `group_size` times."""
-    rng = np.random.default_rng([config.seed, step])
-    games, game_weights = zip(*config.games.items())
-    opponents, opponent_weights = zip(*config.opponents.items())
-    game_p = np.array(game_weights) / sum(game_weights)
-    opponent_p = np.array(opponent_weights) / sum(opponent_weights)
-    seats_of = {game: make_game(game).num_players for game in games}
+    """The step's games without a league: game and opponent drawn by weight, the main
+    player's seat alternating, each game start played `group_size` times."""
+    roles = {game: roles_of(game) for game in config.games}
     starts = config.rollout.games_per_step // config.advantages.group_size
-    matches = []
-    for index in range(starts):
-        game = games[rng.choice(len(games), p=game_p)]
-        opponent = opponents[rng.choice(len(opponents), p=opponent_p)]
-        seats = seats_of[game]
-        players = tuple(LEARNER if opponent == SELF or seat == index % seats else opponent for seat in range(seats))
-        seed = int(rng.integers(2**31))
-        matches += [MatchSpec(game, players, seed)] * config.advantages.group_size
-    return matches
+    rng = np.random.default_rng([config.seed, step])
+    return schedule_matches(rng, MAIN, config.opponents, config.games, roles, starts, config.advantages.group_size)
 
 
-def learner_view(trajectory: Trajectory) -> Trajectory:
-    """The trajectory with only the learner's turns: the opponents' are not trained on."""
-    return dataclasses.replace(trajectory, turns=tuple(t for t in trajectory.turns if t.agent == LEARNER))
+def learner_view(trajectory: Trajectory, label: str) -> Trajectory:
+    """The trajectory with only the turns of `label`: the opponents' are not trained on."""
+    return dataclasses.replace(trajectory, turns=tuple(t for t in trajectory.turns if t.agent == label))
 
 
-def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
-    """Return per game and role and overall, outcomes against each opponent, invalid moves, lengths."""
+def rollout_metrics(trajectories: Sequence[Trajectory], label: str = MAIN) -> dict[str, float]:
+    """Return per game and role and overall, outcomes against each opponent, invalid moves,
+    lengths, for the player `label`."""
     returns: dict[str, list[float]] = defaultdict(list)
     outcomes: dict[str, Counter] = defaultdict(Counter)
-    turns = [t for trajectory in trajectories for t in trajectory.turns if t.agent == LEARNER]
+    turns = [t for trajectory in trajectories for t in trajectory.turns if t.agent == label]
     for trajectory in trajectories:
         result = trajectory.result
-        for seat, label in enumerate(result.players):
-            if label != LEARNER:
+        for seat, player in enumerate(result.players):
+            if player != label:
                 continue
             returns[f"return/{result.game}/player_{seat}"].append(result.rewards[seat])
-            opponents = {p for p in result.players if p != LEARNER}
+            opponents = {p for p in result.players if p != label}
             if opponents:
                 reward = result.rewards[seat]
                 outcome = "win" if reward > 0 else "loss" if reward < 0 else "draw"
@@ -129,6 +157,17 @@ def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     return metrics
 
 
+@dataclass
+class LearningPlayer:
+    """A policy in training: its learner, the backend generating with its weights, and its
+    advantage baselines."""
+
+    name: str
+    learner: Learner
+    backend: PolicyBackend
+    baselines: dict = field(default_factory=dict)
+
+
 class Trainer:
     def __init__(self, config: TrainConfig, *, resume: bool = False, progress: bool = True):
         validate(config)
@@ -136,7 +175,7 @@ class Trainer:
         self.eval_pairings = eval_pairings(config) if config.eval.every else {}
         self.run_dir = Path(config.run_dir)
         self.progress = progress
-        model_path = resolve_model(config.model)
+        self.model_path = resolve_model(config.model)
         checkpoint = None
         if resume:
             checkpoint = latest_checkpoint(self.run_dir)
@@ -145,28 +184,16 @@ class Trainer:
                 f"'{self.run_dir}' already holds checkpoints. Continue it with `selfplay train --resume "
                 f"{self.run_dir}`, or choose another run_dir."
             )
-        self.learner = Learner(
-            model_path,
-            config.learner,
-            temperature=config.rollout.temperature,
-            token_sum_length=config.rollout.max_new_tokens,
-            device=config.device,
-            seed=config.seed,
-            resume_from=checkpoint,
-        )
-        self.step = 0
-        self.baselines: dict = {}
-        if checkpoint is not None:
-            state = load_checkpoint(checkpoint, self.learner)
-            self.step = state["step"]
-            self.baselines = {tuple(key): value for key, value in state["baselines"]}
-        else:
+        self.step = int(json.loads((checkpoint / STATE_FILE).read_text())["step"]) if checkpoint else 0
+        if checkpoint is None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / CONFIG_FILE).write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
-        self.backend = make_backend(config.backend, str(checkpoint or model_path))
-        self.backend.version = self.step
-        self.sync_path = self.run_dir / "sync" / "policy.safetensors"
-        self.sync_path.parent.mkdir(parents=True, exist_ok=True)
+        main = self._learning_player(MAIN, config.learner, checkpoint)
+        self.players: dict[str, LearningPlayer] = {MAIN: main}
+        self.frozen: dict[str, PolicyBackend] = {}  # snapshots' backends, loaded when first matched
+        self.league = self._open_league(resume) if config.league.enabled else None
+        if checkpoint is not None:  # last, so that its random state is the one the run goes on with
+            main.baselines = _baselines(load_checkpoint(checkpoint, main.learner))
         from torch.utils.tensorboard import SummaryWriter
 
         # purge_step drops anything a killed run logged after its last checkpoint.
@@ -186,6 +213,109 @@ class Trainer:
             concurrency=rollout.concurrency,
         )
 
+    @property
+    def learner(self) -> Learner:
+        return self.players[MAIN].learner
+
+    @property
+    def backend(self) -> PolicyBackend:
+        return self.players[MAIN].backend
+
+    # -- setting up ----------------------------------------------------------------------------
+
+    def _learning_player(self, name: str, learner_config, checkpoint: Path | None) -> LearningPlayer:
+        """A learner from `checkpoint` (or the initial model) and a backend serving its weights."""
+        config = self.config
+        learner = Learner(
+            self.model_path,
+            learner_config,
+            temperature=config.rollout.temperature,
+            token_sum_length=config.rollout.max_new_tokens,
+            device=config.device,
+            seed=config.seed,
+            resume_from=checkpoint,
+        )
+        backend = make_backend(config.backend, str(self.model_path))
+        if checkpoint is not None:
+            backend.load_weights(learner.export_weights(self._sync_path(name)), version=self.step)
+        return LearningPlayer(name, learner, backend)
+
+    def _sync_path(self, name: str) -> Path:
+        path = self.run_dir / "sync" / f"{name}.safetensors"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _exploiter_config(self):
+        learner = self.config.learner
+        return dataclasses.replace(
+            learner, lora=dataclasses.replace(learner.lora, rank=self.config.league.exploiter_lora_rank)
+        )
+
+    def _open_league(self, resume: bool) -> League:
+        """The league as the store holds it at this run's step: a resumed run forgets what was
+        recorded after its checkpoint (it replays those steps exactly), a new run starts it."""
+        store = LeagueStore(self.run_dir / LEAGUE_FILE)
+        store.rollback_to(self.step)
+        if not store.players():
+            store.add_players(initial_players(self.config))
+        league = League(self.config, store)
+        for player in league.learning_players():
+            if player.name != MAIN:
+                directory = self.run_dir / EXPLOITERS_DIR / player.name
+                checkpoint = latest_checkpoint(directory) if resume else None
+                exploiter = self._learning_player(player.name, self._exploiter_config(), checkpoint)
+                if checkpoint is not None:
+                    exploiter.baselines = _baselines(load_checkpoint(checkpoint, exploiter.learner))
+                self.players[player.name] = exploiter
+        first = snapshot_name(MAIN, 0)
+        if first not in league.players:
+            league.add_initial_snapshot(self._freeze(MAIN, first))
+        return league
+
+    def _freeze(self, learner: str, snapshot: str) -> str:
+        """Write a learning player's current weights as the snapshot `snapshot`; returns their
+        path relative to the run directory."""
+        relative = Path(SNAPSHOTS_DIR) / f"{snapshot}.safetensors"
+        (self.run_dir / relative).parent.mkdir(parents=True, exist_ok=True)
+        self.players[learner].learner.export_weights(self.run_dir / relative)
+        return str(relative)
+
+    def _frozen_backend(self, name: str) -> PolicyBackend:
+        """The backend of a snapshot, loaded on first use. Snapshots generate with transformers
+        whatever the training backend: a vLLM engine per snapshot would each reserve its own
+        share of the GPU."""
+        if name not in self.frozen:
+            player = self.league.players[name]
+            weights = self.run_dir / player.weights
+            if not weights.exists():
+                raise UserError(
+                    f"The weights of league player '{name}' are missing ({weights}). The run directory is "
+                    "incomplete: restore the file, or start a new run."
+                )
+            backend = make_backend("hf", str(self.model_path), device=self.config.device)
+            backend.load_weights(weights, version=player.created_step)
+            self.frozen[name] = backend
+        return self.frozen[name]
+
+    def _seat_players(self, matches: Sequence[MatchSpec]) -> dict:
+        """Engine players for every label seated in `matches`: learning players' and snapshots'
+        backends, and scripted agents by their specs."""
+        seated = {}
+        for label in {label for match in matches for label in match.players}:
+            if label in self.players:
+                seated[label] = self.players[label].backend
+            elif (
+                self.league is not None
+                and self.league.players.get(label, None) is not None
+                and (self.league.players[label].kind == "snapshot")
+            ):
+                seated[label] = self._frozen_backend(label)
+            else:
+                seated[label] = label
+        return seated
+
+    # -- training ------------------------------------------------------------------------------
+
     def run(self) -> dict[str, float]:
         """Train to `config.steps`; returns the last step's metrics."""
         metrics: dict[str, float] = {}
@@ -203,6 +333,7 @@ class Trainer:
                     reward=f"{metrics.get('reward/mean', 0):+.2f}",
                     invalid=f"{metrics.get('turns/invalid_rate', 0):.2f}",
                     tok_s=f"{metrics.get('time/tokens_per_s', 0):.0f}",
+                    **({"league": int(metrics["league/snapshots"])} if "league/snapshots" in metrics else {}),
                 )
                 out_of_time = time.monotonic() > deadline
                 if self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps or out_of_time:
@@ -212,7 +343,10 @@ class Trainer:
         finally:
             bar.close()
             self.writer.close()
-            self.backend.close()
+            for backend in [*(p.backend for p in self.players.values()), *self.frozen.values()]:
+                backend.close()
+            if self.league is not None:
+                self.league.store.close()
         return metrics
 
     def train_step(self) -> dict[str, float]:
@@ -222,34 +356,72 @@ class Trainer:
             self.rollout_settings.sampling,
             seed=int(np.random.SeedSequence([config.seed, self.step]).generate_state(1)[0]),
         )
-        players = {LEARNER: self.backend, **{o: o for o in config.opponents if o != SELF}}
-        engine = RolloutEngine(players, dataclasses.replace(self.rollout_settings, sampling=sampling))
-        trajectories = list(engine.run(step_matches(config, self.step)))
+        if self.league is not None:
+            scheduled = self.league.schedule(self.step)
+        else:
+            scheduled = [ScheduledMatch(MAIN, match) for match in step_matches(config, self.step)]
+        owner = {(s.match.game, s.match.seed, s.match.players): s.owner for s in scheduled}
+        seated = self._seat_players([s.match for s in scheduled])
+        versions = {label: player.version for label, player in seated.items() if isinstance(player, PolicyBackend)}
+        engine = RolloutEngine(seated, dataclasses.replace(self.rollout_settings, sampling=sampling))
+        trajectories = list(engine.run([s.match for s in scheduled]))
         generated = time.perf_counter()
 
-        learned = [learner_view(t) for t in trajectories]
-        advantages, self.baselines = estimate(
-            config.advantages.estimator, learned, self.baselines, decay=config.advantages.decay
-        )
-        samples = [
-            Sample(turn.prompt_ids, turn.response_ids, turn.logprobs, advantage)
-            for trajectory, values in zip(learned, advantages)
-            for turn, advantage in zip(trajectory.turns, values)
-        ]
-        learner_stats = self.learner.update(samples)
+        metrics: dict[str, float] = {}
+        sync_s = 0.0
+        for name, player in self.players.items():
+            owned = [t for t in trajectories if owner[t.result.game, t.result.seed, t.result.players] == name]
+            learned = [learner_view(t, name) for t in owned]
+            advantages, player.baselines = estimate(
+                config.advantages.estimator, learned, player.baselines, decay=config.advantages.decay
+            )
+            samples = [
+                Sample(turn.prompt_ids, turn.response_ids, turn.logprobs, advantage)
+                for trajectory, values in zip(learned, advantages)
+                for turn, advantage in zip(trajectory.turns, values)
+            ]
+            stats = rollout_metrics(owned, name)
+            stats.update({f"advantage/{k}": v for k, v in advantage_stats(advantages).items()})
+            stats.update({f"learner/{k}": v for k, v in player.learner.update(samples).items()})
+            synced = time.perf_counter()
+            player.backend.load_weights(player.learner.export_weights(self._sync_path(name)), version=self.step)
+            sync_s += time.perf_counter() - synced
+            prefix = "" if name == MAIN else f"{name}/"
+            metrics.update({f"{prefix}{k}": v for k, v in stats.items()})
         updated = time.perf_counter()
 
-        self.backend.load_weights(self.learner.export_weights(self.sync_path), version=self.step)
-        synced = time.perf_counter()
-
-        metrics = rollout_metrics(trajectories)
-        metrics.update({f"advantage/{k}": v for k, v in advantage_stats(advantages).items()})
-        metrics.update({f"learner/{k}": v for k, v in learner_stats.items()})
+        if self.league is not None:
+            metrics.update(self._league_step(trajectories, versions))
         tokens = sum(len(t.response_ids) for r in trajectories for t in r.turns)
         metrics["time/generate_s"] = generated - started
-        metrics["time/learn_s"] = updated - generated
-        metrics["time/sync_s"] = synced - updated
+        metrics["time/learn_s"] = updated - generated - sync_s
+        metrics["time/sync_s"] = sync_s
+        metrics["time/league_s"] = time.perf_counter() - updated
         metrics["time/tokens_per_s"] = tokens / max(generated - started, 1e-9)
+        return metrics
+
+    def _league_step(self, trajectories: Sequence[Trajectory], versions: dict[str, int]) -> dict[str, float]:
+        """Record the step in the league; restart exploiters that were frozen, unload retired
+        snapshots. Returns the league's metrics."""
+        changes = self.league.record_step(self.step, trajectories, versions, self._freeze)
+        for name in changes.resets:
+            player = self._learning_player(name, self._exploiter_config(), None)
+            player.backend.close()
+            player.backend = self.players[name].backend
+            player.backend.load_weights(player.learner.export_weights(self._sync_path(name)), version=self.step)
+            self.players[name] = player
+        for name in changes.retired:
+            backend = self.frozen.pop(name, None)
+            if backend is not None:
+                backend.close()
+        ratings = self.league.ratings.table()
+        metrics = {
+            "league/snapshots": float(len(self.league.snapshots())),
+            "league/taken": float(len(changes.snapshots)),
+        }
+        for name in [*self.players, *(p.name for p in self.league.snapshots())]:
+            if name in ratings:
+                metrics[f"league/rating/{name}"] = ratings[name][0]
         return metrics
 
     def evaluate(self) -> dict[str, float]:
@@ -271,14 +443,26 @@ class Trainer:
         return metrics
 
     def save(self) -> Path:
-        state = {"baselines": [[list(key), value] for key, value in self.baselines.items()]}
-        return save_checkpoint(self.run_dir, self.step, self.learner, state, keep=self.config.keep_checkpoints)
+        keep = self.config.keep_checkpoints
+        for name, player in self.players.items():
+            if name != MAIN:
+                save_checkpoint(self.run_dir / EXPLOITERS_DIR / name, self.step, player.learner, _state(player), keep)
+        # The main checkpoint last: a resumed run starts from it, and finds the exploiters' beside it.
+        return save_checkpoint(self.run_dir, self.step, self.learner, _state(self.players[MAIN]), keep=keep)
 
     def _log(self, metrics: dict[str, float]) -> None:
         for name, value in metrics.items():
             if math.isfinite(value):
                 self.writer.add_scalar(name, value, self.step)
         self.writer.flush()
+
+
+def _state(player: LearningPlayer) -> dict:
+    return {"baselines": [[list(key), value] for key, value in player.baselines.items()]}
+
+
+def _baselines(state: dict) -> dict:
+    return {tuple(key): value for key, value in state["baselines"]}
 
 
 def train_command(config_path: str | None, overrides: list[str], resume: str | None, progress: bool = True) -> dict:

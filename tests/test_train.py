@@ -48,7 +48,7 @@ def logged_steps(run_dir, tag="reward/mean"):
 def test_matches_alternate_seats_and_repeat_starts_per_group():
     config = load_config(None, ["games={tictactoe: 1}", "opponents={random: 1}", "rollout.games_per_step=8"])
     matches = step_matches(config, step=3)
-    assert [m.players.index("learner") for m in matches] == [0, 1] * 4
+    assert [m.players.index("main") for m in matches] == [0, 1] * 4
     assert step_matches(config, step=3) == matches and step_matches(config, step=4) != matches
     grouped = step_matches(load_config(None, ["advantages.group_size=4", "advantages.estimator=grpo"]), step=1)
     assert len({m.seed for m in grouped}) == len(grouped) // 4
@@ -66,7 +66,7 @@ def test_training_moves_weights_syncs_the_backend_and_resumes(tiny_model_dir, tm
     assert trainer.backend.version == 2
     served = trainer.backend.model.state_dict()
     assert all(torch.equal(served[k], trained[k]) for k in trained)
-    synced = load_file(str(run_dir / "sync" / "policy.safetensors"))
+    synced = load_file(str(run_dir / "sync" / "main.safetensors"))
     assert torch.equal(synced["model.embed_tokens.weight"], trained["model.embed_tokens.weight"])
     assert [p.name for p in list_checkpoints(run_dir)] == ["step-000001", "step-000002"]
     state = json.loads((run_dir / "checkpoints" / "step-000002" / "trainer_state.json").read_text())

@@ -1,0 +1,227 @@
+"""The league manager: the population, who plays whom each step, and what the results change.
+
+Each step, every learning player (the main player, then each exploiter) gets its games: the
+game by weight, its seat alternating, each other seat filled by its matchmaking mix. After
+the step the league records every finished match in the payoff table, the online ratings and
+the store; freezes learning players whose snapshot rule fires (exploiters then restart from
+their initial weights); and retires snapshots beyond the population cap. All of it is a
+function of the store's records, so a resumed run rebuilds the league exactly.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from dataclasses import replace as dataclass_replace
+
+import numpy as np
+
+from selfplay.config import TrainConfig
+from selfplay.games import make_env
+from selfplay.league.matchmaking import MAIN, SELF, UNIFORM, is_fixed, is_pfsp, schedule_matches
+from selfplay.league.payoff import PayoffTable
+from selfplay.league.population import eviction_choice, snapshot_due, snapshot_name
+from selfplay.league.ratings import OnlineRatings
+from selfplay.league.records import LEARNING_KINDS, LeagueMatch, LeaguePlayer
+from selfplay.league.store import LeagueStore
+from selfplay.records import Trajectory
+from selfplay.rollouts import MatchSpec
+
+
+@dataclass(frozen=True)
+class ScheduledMatch:
+    owner: str  # the learning player that trains on this game
+    match: MatchSpec
+
+
+@dataclass
+class StepChanges:
+    snapshots: list[LeaguePlayer] = field(default_factory=list)
+    resets: list[str] = field(default_factory=list)  # exploiters to restart from their initial weights
+    retired: list[str] = field(default_factory=list)
+
+
+def initial_players(config: TrainConfig) -> list[LeaguePlayer]:
+    """The population a new league starts with: the main player, the exploiters, the scripted
+    agents (the initial policy's snapshot is added by the trainer, which writes its weights)."""
+    league = config.league
+    players = [LeaguePlayer(MAIN, "main", 0)]
+    players += [LeaguePlayer(f"main_exploiter_{i}", "main_exploiter", 0) for i in range(league.main_exploiters)]
+    players += [LeaguePlayer(f"league_exploiter_{i}", "league_exploiter", 0) for i in range(league.league_exploiters)]
+    players += [LeaguePlayer(spec, "scripted", 0) for spec in league.scripted]
+    return players
+
+
+@functools.cache
+def roles_of(game: str) -> tuple[str, ...]:
+    return tuple(make_env(game).possible_agents)
+
+
+class League:
+    def __init__(self, config: TrainConfig, store: LeagueStore):
+        self.config = config
+        self.store = store
+        self.payoff = PayoffTable(config.league.payoff_decay)
+        self.ratings = OnlineRatings()
+        self.players: dict[str, LeaguePlayer] = {}
+        # Replay the store: each step's matches, then the snapshots taken after them.
+        created: dict[int, list[LeaguePlayer]] = {}
+        for player in store.players():
+            self.players[player.name] = player
+            created.setdefault(player.created_step, []).append(player)
+        matches_by_step: dict[int, list[LeagueMatch]] = {}
+        for match in store.matches():
+            matches_by_step.setdefault(match.step, []).append(match)
+        for step in sorted(set(created) | set(matches_by_step)):
+            for match in matches_by_step.get(step, []):
+                self._add_match(match)
+            for player in created.get(step, []):
+                if player.parent is not None:
+                    self.ratings.inherit(player.name, player.parent)
+                    if self.players[player.parent].kind != "main":
+                        self._forget(player.parent)
+
+    # -- who is in the league ------------------------------------------------------------------
+
+    def learning_players(self) -> list[LeaguePlayer]:
+        return [p for p in self.players.values() if p.kind in LEARNING_KINDS]
+
+    def snapshots(self) -> list[LeaguePlayer]:
+        """The active snapshots, oldest first."""
+        return [p for p in self.players.values() if p.kind == "snapshot" and p.active]
+
+    def past_players(self) -> list[str]:
+        """Who `uniform` and `pfsp` draw from: the active snapshots and the scripted agents."""
+        return [p.name for p in self.players.values() if p.kind in ("snapshot", "scripted") and p.active]
+
+    def mix(self, player: LeaguePlayer) -> Mapping[str, float]:
+        league = self.config.league
+        if player.kind == "main_exploiter":
+            return league.main_exploiter_opponents
+        if player.kind == "league_exploiter":
+            return league.league_exploiter_opponents
+        return self.config.opponents
+
+    def targets(self, player: LeaguePlayer) -> list[str]:
+        """The players its mix can match it against (itself aside): whom its snapshot rule asks
+        it to beat."""
+        mixes = [self.mix(player), *self.config.league.role_opponents.values()]
+        found: list[str] = []
+        for rule in (rule for mix in mixes for rule, weight in mix.items() if weight > 0):
+            if rule == MAIN and player.name != MAIN:
+                found.append(MAIN)
+            elif rule == UNIFORM or is_pfsp(rule):
+                found += self.past_players()
+            elif is_fixed(rule):
+                found.append(rule)
+        return [name for name in dict.fromkeys(found) if name not in (player.name, SELF)]
+
+    # -- a step --------------------------------------------------------------------------------
+
+    def schedule(self, step: int) -> list[ScheduledMatch]:
+        """Every learning player's games for `step`, deterministic in (seed, step)."""
+        config = self.config
+        starts = config.rollout.games_per_step // config.advantages.group_size
+        roles = {game: roles_of(game) for game in config.games}
+        scheduled = []
+        for index, player in enumerate(self.learning_players()):
+            # The main player draws exactly as a run without a league would.
+            rng = np.random.default_rng([config.seed, step] if index == 0 else [config.seed, step, index])
+            matches = schedule_matches(
+                rng,
+                player.name,
+                self.mix(player),
+                config.games,
+                roles,
+                starts,
+                config.advantages.group_size,
+                past_players=self.past_players(),
+                win_rate=functools.partial(self._win_rate, player.name),
+                role_mixes=config.league.role_opponents,
+            )
+            scheduled += [ScheduledMatch(player.name, match) for match in matches]
+        return scheduled
+
+    def record_step(
+        self,
+        step: int,
+        trajectories: Sequence[Trajectory],
+        versions: Mapping[str, int],
+        freeze: Callable[[str, str], str],
+    ) -> StepChanges:
+        """Record the step's finished games, then take the snapshots that are due and retire
+        what the cap says, all committed to the store at once. `versions` gives each model
+        player's policy version; `freeze(learner, snapshot)` writes a learner's weights for a
+        new snapshot and returns their path relative to the run directory."""
+        matches = [self._league_match(step, t, versions) for t in trajectories]
+        for match in matches:
+            self._add_match(match)
+        changes = StepChanges()
+        for player in self.learning_players():
+            league = self.config.league
+            rates = [
+                (self._win_rate(player.name, name), self.payoff.tally(player.name, name).games)
+                for name in self.targets(player)
+            ]
+            if snapshot_due(
+                step - self._last_snapshot_step(player),
+                rates,
+                every=league.snapshot_every,
+                win_rate=league.snapshot_win_rate,
+                min_games=league.snapshot_min_games,
+                max_steps=league.snapshot_max_steps,
+            ):
+                name = snapshot_name(player.name, step)
+                snapshot = LeaguePlayer(name, "snapshot", step, parent=player.name, weights=freeze(player.name, name))
+                self.players[name] = snapshot
+                self.ratings.inherit(name, player.name)
+                changes.snapshots.append(snapshot)
+                if player.kind != "main":
+                    self._forget(player.name)
+                    changes.resets.append(player.name)
+        changes.retired = eviction_choice(
+            self.snapshots(), functools.partial(self._win_rate, MAIN), self.config.league.population_cap
+        )
+        for name in changes.retired:
+            self.players[name] = dataclass_replace(self.players[name], active=False)
+        self.store.record_step(step, matches, changes.snapshots, changes.retired, self.ratings.table())
+        return changes
+
+    def add_initial_snapshot(self, weights: str) -> None:
+        """The initial policy as the league's first past player."""
+        snapshot = LeaguePlayer(snapshot_name(MAIN, 0), "snapshot", 0, parent=MAIN, weights=weights)
+        self.players[snapshot.name] = snapshot
+        self.ratings.inherit(snapshot.name, MAIN)
+        self.store.add_players([snapshot])
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _win_rate(self, player: str, opponent: str, game: str | None = None) -> float:
+        return self.payoff.win_rate(player, opponent, game)
+
+    def _last_snapshot_step(self, player: LeaguePlayer) -> int:
+        return max([p.created_step for p in self.players.values() if p.parent == player.name], default=0)
+
+    def _forget(self, exploiter: str) -> None:
+        """An exploiter restarting from its initial weights is a new player: its results and
+        rating so far belong to the snapshot just taken."""
+        self.payoff.forget(exploiter)
+        self.ratings.forget(exploiter)
+
+    def _add_match(self, match: LeagueMatch) -> None:
+        self.payoff.add(match)
+        self.ratings.add(match)
+
+    def _league_match(self, step: int, trajectory: Trajectory, versions: Mapping[str, int]) -> LeagueMatch:
+        result = trajectory.result
+        return LeagueMatch(
+            step=step,
+            game=result.game,
+            seed=result.seed,
+            players=result.players,
+            roles=roles_of(result.game),
+            versions=tuple(versions.get(name, -1) for name in result.players),
+            rewards=result.rewards,
+            end_reason=result.end_reason,
+        )

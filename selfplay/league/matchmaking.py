@@ -1,0 +1,141 @@
+"""Matchmaking: who a learning player meets in each seat it does not take.
+
+A learning player's opponents come from a mix of rules, each drawn by its weight:
+
+- `self`: its own current policy (SPIRAL's setting: latest self only);
+- `main`: the current main player (what a main exploiter hunts);
+- `uniform`: uniform over the past players (the league's frozen snapshots);
+- `pfsp:WEIGHTING`: prioritized fictitious self-play over the past players, each weighted by
+  f(p) where p is the learner's (decayed) win rate against it, draws counting half:
+  `hard` (1 - p)^2 focuses on the players it loses to, `variance` p (1 - p) on even matches,
+  `linear_capped` min(0.5, 1 - p) on all it has not mastered (AlphaStar);
+- anything else is a fixed opponent: a scripted agent spec such as "random" or "mcts:100".
+
+AlphaStar's main agents mix these (35% self, 50% PFSP over all past players, 15% PFSP with
+the variance weighting); its exploiters use `main` or PFSP only.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from selfplay.rollouts import MatchSpec
+
+SELF = "self"
+MAIN = "main"
+UNIFORM = "uniform"
+PFSP = "pfsp"
+
+PFSP_WEIGHTINGS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "hard": lambda p: (1 - p) ** 2,
+    "variance": lambda p: p * (1 - p),
+    "linear_capped": lambda p: np.minimum(0.5, 1 - p),
+}
+UNPLAYED_WIN_RATE = 0.5  # what PFSP assumes of a player the learner has not met yet
+
+
+def pfsp_probabilities(win_rates: Sequence[float], weighting: str) -> np.ndarray:
+    """Each past player's chance of being picked under PFSP with `weighting`, from the learner's
+    win rate against each (NaN: never played). If every weight is zero (the learner beats them
+    all), the pick is uniform, as in AlphaStar."""
+    p = np.asarray(win_rates, dtype=np.float64)
+    p = np.where(np.isnan(p), UNPLAYED_WIN_RATE, p)
+    weights = PFSP_WEIGHTINGS[weighting](p)
+    total = weights.sum()
+    return weights / total if total > 0 else np.full(len(p), 1 / len(p))
+
+
+def is_pfsp(rule: str) -> bool:
+    return rule.split(":")[0] == PFSP
+
+
+def pfsp_weighting(rule: str) -> str:
+    """The weighting a `pfsp[:WEIGHTING]` rule names; plain `pfsp` is `hard`."""
+    _, _, weighting = rule.partition(":")
+    return weighting or "hard"
+
+
+def rule_error(rule: str) -> str | None:
+    """Why `rule` is not a matchmaking rule of this module, or None (fixed opponents are checked
+    by the agent registry)."""
+    if is_pfsp(rule) and pfsp_weighting(rule) not in PFSP_WEIGHTINGS:
+        return f"unknown PFSP weighting in '{rule}'; choose pfsp:{', pfsp:'.join(PFSP_WEIGHTINGS)}"
+    return None
+
+
+def is_fixed(rule: str) -> bool:
+    return rule not in (SELF, MAIN, UNIFORM) and not is_pfsp(rule)
+
+
+def choose_opponent(
+    rng: np.random.Generator,
+    rule: str,
+    learner: str,
+    main: str,
+    past_players: Sequence[str],
+    win_rate: Callable[[str], float],
+) -> str:
+    """The opponent one draw of `rule` gives `learner`. `past_players` are the frozen players
+    open to matching; `win_rate(name)` is the learner's win rate against a player (NaN if
+    never played). A rule over past players with none yet falls back to self-play."""
+    if rule == SELF:
+        return learner
+    if rule == MAIN:
+        return main
+    if is_fixed(rule):
+        return rule
+    if not past_players:
+        return learner
+    if rule == UNIFORM:
+        return past_players[rng.integers(len(past_players))]
+    probabilities = pfsp_probabilities([win_rate(name) for name in past_players], pfsp_weighting(rule))
+    return past_players[rng.choice(len(past_players), p=probabilities)]
+
+
+def draw_rule(rng: np.random.Generator, mix: Mapping[str, float]) -> str:
+    rules, weights = zip(*mix.items())
+    return rules[rng.choice(len(rules), p=np.asarray(weights) / sum(weights))]
+
+
+def _in_game(win_rate: Callable[[str, str], float], game: str, name: str) -> float:
+    return win_rate(name, game)
+
+
+def schedule_matches(
+    rng: np.random.Generator,
+    learner: str,
+    mix: Mapping[str, float],
+    games: Mapping[str, float],
+    roles_of: Mapping[str, Sequence[str]],
+    starts: int,
+    group_size: int,
+    *,
+    main: str = MAIN,
+    past_players: Sequence[str] = (),
+    win_rate: Callable[[str, str], float] = lambda name, game: float("nan"),
+    role_mixes: Mapping[str, Mapping[str, float]] = {},
+) -> list[MatchSpec]:
+    """`starts` game starts for `learner`, each played `group_size` times: the game drawn by
+    weight, the learner's seat alternating, and every other seat filled by a draw of the mix
+    for that seat's role (`role_mixes`, else the learner's `mix`). `win_rate(name, game)` feeds
+    PFSP."""
+    names, weights = zip(*games.items())
+    game_p = np.asarray(weights) / sum(weights)
+    matches = []
+    for index in range(starts):
+        game = names[rng.choice(len(names), p=game_p)]
+        roles = roles_of[game]
+        game_win_rate = functools.partial(_in_game, win_rate, game)
+        players = []
+        for seat, role in enumerate(roles):
+            if seat == index % len(roles):
+                players.append(learner)
+                continue
+            rule = draw_rule(rng, role_mixes.get(role, mix))
+            players.append(choose_opponent(rng, rule, learner, main, past_players, game_win_rate))
+        seed = int(rng.integers(2**31))
+        matches += [MatchSpec(game, tuple(players), seed)] * group_size
+    return matches

@@ -1,0 +1,246 @@
+"""`selfplay league show`: a league's standings, payoff matrix and snapshot lineage, read from
+its store, as text or CSV files.
+
+Standings give each player's latest online rating (OpenSkill mu and sigma), an Elo fitted
+from every match it played (OpenSpiel's maximum-likelihood fit, undecayed counts, draws
+included), and its games, wins, draws and losses. The payoff matrix is the league's own,
+with the decayed counts matchmaking uses.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from selfplay.errors import UserError
+from selfplay.evaluation.ratings import fit_elo
+from selfplay.league.payoff import PayoffTable, pairwise_outcomes
+from selfplay.league.records import LEARNING_KINDS, LeagueMatch, LeaguePlayer
+from selfplay.league.store import LEAGUE_FILE, LeagueStore
+
+
+@dataclass(frozen=True)
+class Standing:
+    player: str
+    kind: str
+    active: bool
+    mu: float
+    sigma: float
+    elo: float
+    games: int
+    wins: int
+    draws: int
+    losses: int
+
+    @property
+    def win_rate(self) -> float:
+        return (self.wins + 0.5 * self.draws) / self.games if self.games else float("nan")
+
+
+def open_league(run_dir: str | Path) -> LeagueStore:
+    path = Path(run_dir) / LEAGUE_FILE
+    if not path.is_file():
+        raise UserError(
+            f"'{run_dir}' holds no league ({LEAGUE_FILE} is missing). Point at the run directory of a run "
+            "trained with league.enabled=true."
+        )
+    return LeagueStore(path)
+
+
+def standings(players: list[LeaguePlayer], matches: list[LeagueMatch], ratings: list[tuple]) -> list[Standing]:
+    """One row per player, by online rating (best first)."""
+    names = [p.name for p in players]
+    index = {name: i for i, name in enumerate(names)}
+    wins = np.zeros((len(names), len(names)), dtype=int)
+    draws = np.zeros_like(wins)
+    for match in matches:
+        for i, j, outcome in pairwise_outcomes(match):
+            a, b = index[match.players[i]], index[match.players[j]]
+            if outcome == 1.0:
+                wins[a, b] += 1
+            elif outcome == 0.5:
+                draws[a, b] += 1
+    played = [i for i in range(len(names)) if (wins[i] + wins[:, i] + draws[i]).sum()]
+    elo = dict.fromkeys(names, float("nan"))
+    if len(played) > 1:
+        fitted = fit_elo(wins[np.ix_(played, played)].tolist(), draws[np.ix_(played, played)].tolist())
+        elo.update({names[i]: value for i, value in zip(played, fitted)})
+    latest = {player: (mu, sigma) for _, player, mu, sigma in ratings}
+    rows = []
+    for i, player in enumerate(players):
+        won, drawn, lost = wins[i].sum(), draws[i].sum(), wins[:, i].sum()
+        mu, sigma = latest.get(player.name, (float("nan"), float("nan")))
+        row = Standing(
+            player.name,
+            player.kind,
+            player.active,
+            mu,
+            sigma,
+            elo[player.name],
+            int(won + drawn + lost),
+            int(won),
+            int(drawn),
+            int(lost),
+        )
+        rows.append(row)
+    return sorted(rows, key=lambda r: -r.mu if r.mu == r.mu else np.inf)
+
+
+def lineage(players: list[LeaguePlayer]) -> list[str]:
+    """Per learning player, its snapshots in order (retired ones marked)."""
+    lines = []
+    for learner in (p for p in players if p.kind in LEARNING_KINDS):
+        chain = [
+            f"{p.name}{'' if p.active else ' (retired)'}"
+            for p in players
+            if p.kind == "snapshot" and p.parent == learner.name
+        ]
+        lines.append(f"{learner.name}: {' -> '.join(chain) if chain else '(no snapshots yet)'}")
+    return lines
+
+
+def payoff_table(matches: list[LeagueMatch], decay: float) -> PayoffTable:
+    table = PayoffTable(decay)
+    table.extend(matches)
+    return table
+
+
+def format_standings(rows: list[Standing]) -> str:
+    header = ("player", "kind", "rating", "±", "elo", "games", "win rate", "w/d/l")
+    body = [
+        (
+            r.player + ("" if r.active else " (retired)"),
+            r.kind,
+            f"{r.mu:.1f}",
+            f"{r.sigma:.1f}",
+            f"{r.elo:.0f}",
+            str(r.games),
+            f"{r.win_rate:.2f}",
+            f"{r.wins}/{r.draws}/{r.losses}",
+        )
+        for r in rows
+    ]
+    return _table(header, body)
+
+
+def format_payoff(names: list[str], table: PayoffTable) -> str:
+    """Row player's decayed win rate against the column player, with the decayed game count."""
+    rates, games = table.matrix(names)
+    short = [str(i) for i in range(len(names))]
+    body = [
+        (
+            f"{i} {name}",
+            *(
+                "-" if i == j or not games[i, j] else f"{rates[i, j]:.2f} ({games[i, j]:.0f})"
+                for j in range(len(names))
+            ),
+        )
+        for i, name in enumerate(names)
+    ]
+    return _table(("row vs column", *short), body)
+
+
+def _table(header: tuple[str, ...], body: list[tuple[str, ...]]) -> str:
+    widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in [header, *body]]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def show(run_dir: str | Path, decay: float, csv_dir: str | Path | None = None) -> str:
+    """The text `selfplay league show` prints; with `csv_dir`, the tables as CSV files there."""
+    with open_league(run_dir) as store:
+        players, matches, ratings = store.players(), store.matches(), store.ratings()
+        last_step = store.last_step()
+    rows = standings(players, matches, ratings)
+    table = payoff_table(matches, decay)
+    shown = [p.name for p in players if p.active and any(p.name in m.players for m in matches)]
+    text = "\n\n".join(
+        [
+            f"League of {run_dir}: {len(players)} players, {len(matches)} matches, through step {last_step}.",
+            "Standings (rating: OpenSkill mu and sigma after the last step; elo: fitted to every match)\n"
+            + format_standings(rows),
+            "Payoff (decayed win rate of the row player against the column player, draws half; games)\n"
+            + format_payoff(shown, table),
+            "Snapshot lineage\n" + "\n".join(lineage(players)),
+        ]
+    )
+    if csv_dir is not None:
+        _write_csv(Path(csv_dir), rows, players, matches, ratings, table)
+        text += f"\n\nWrote standings.csv, payoff.csv, players.csv, matches.csv and ratings.csv to {csv_dir}."
+    return text
+
+
+def _write_csv(directory: Path, rows, players, matches, ratings, table: PayoffTable) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    _csv(directory / "standings.csv", [{**asdict(r), "win_rate": r.win_rate} for r in rows])
+    _csv(directory / "players.csv", [asdict(p) for p in players])
+    _csv(
+        directory / "matches.csv",
+        [{k: "|".join(map(str, v)) if isinstance(v, tuple) else v for k, v in asdict(m).items()} for m in matches],
+    )
+    _csv(directory / "ratings.csv", [dict(zip(("step", "player", "mu", "sigma"), r)) for r in ratings])
+    payoff = [
+        {
+            "game": game,
+            "role": role,
+            "opponent_role": opponent_role,
+            "player": player,
+            "opponent": opponent,
+            "wins": tally.wins,
+            "draws": tally.draws,
+            "losses": tally.losses,
+        }
+        for (game, role, opponent_role), pairs in table.tallies.items()
+        for (player, opponent), tally in pairs.items()
+    ]
+    _csv(directory / "payoff.csv", payoff)
+
+
+def _csv(path: Path, rows: list[dict]) -> None:
+    with path.open("w", newline="") as handle:
+        if rows:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+
+
+def league_meta_strategy(run_dir: str | Path, model: str, game: str) -> str:
+    """The meta-strategy report: the Nash mixture over the league's active snapshots and the
+    main player's latest checkpoint in `game` (exact payoffs between their policies, each read
+    from the model by the exploitability probe), with the exploitability of the mixture and of
+    each policy alone."""
+    import torch
+    from safetensors.torch import load_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from selfplay.checkpoint import latest_checkpoint
+    from selfplay.default_model import resolve_model
+    from selfplay.evaluation.exploitability import move_probabilities
+    from selfplay.evaluation.meta_strategy import meta_strategy
+
+    with open_league(run_dir) as store:
+        snapshots = [p for p in store.players() if p.kind == "snapshot" and p.active]
+    checkpoint = latest_checkpoint(run_dir)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    policies = {}
+    with torch.no_grad():
+        network = AutoModelForCausalLM.from_pretrained(resolve_model(model), dtype=torch.float32)
+        for snapshot in snapshots:
+            load_model(network, str(Path(run_dir) / snapshot.weights))
+            policies[snapshot.name] = move_probabilities(network, tokenizer, game)
+        latest = f"main ({checkpoint.name})"
+        policies[latest] = move_probabilities(AutoModelForCausalLM.from_pretrained(checkpoint), tokenizer, game)
+    meta = meta_strategy(game, policies)
+    body = [(name, f"{w:.3f}", f"{e:.4f}") for name, w, e in zip(meta.names, meta.weights, meta.exploitabilities)]
+    body.append(("Nash mixture", "", f"{meta.exploitability:.4f}"))
+    return (
+        f"Meta-strategy in {game}: a Nash mixture over the active snapshots and the latest policy, solved from "
+        "their exact expected payoffs against each other\n"
+        + _table(("policy", "weight", "exploitability"), body)
+        + f"\n\nExploitability: the mixture {meta.exploitability:.4f}, the latest policy alone "
+        f"{meta.exploitabilities[-1]:.4f}."
+    )

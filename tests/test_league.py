@@ -1,0 +1,242 @@
+"""The league: matchmaking rules against their formulas, snapshot and eviction rules, the
+decayed payoff table, online ratings, and a league run that survives a crash."""
+
+from __future__ import annotations
+
+import csv
+import math
+import shutil
+
+import numpy as np
+import pytest
+
+from selfplay.checkpoint import list_checkpoints
+from selfplay.cli import main
+from selfplay.config import load_config
+from selfplay.errors import UserError
+from selfplay.league.matchmaking import choose_opponent, pfsp_probabilities, schedule_matches
+from selfplay.league.payoff import PayoffTable
+from selfplay.league.population import eviction_choice, snapshot_due
+from selfplay.league.ratings import OnlineRatings
+from selfplay.league.records import LeagueMatch, LeaguePlayer
+from selfplay.league.store import LeagueStore
+from selfplay.train import Trainer, train_command
+
+RATES = [0.0, 0.25, 0.5, 0.75, 1.0]
+
+
+@pytest.mark.parametrize(
+    "weighting, weights",
+    [
+        ("hard", [1.0, 0.5625, 0.25, 0.0625, 0.0]),  # (1 - p)^2
+        ("variance", [0.0, 0.1875, 0.25, 0.1875, 0.0]),  # p (1 - p)
+        ("linear_capped", [0.5, 0.5, 0.5, 0.25, 0.0]),  # min(0.5, 1 - p)
+    ],
+)
+def test_pfsp_probabilities_follow_their_formulas(weighting, weights):
+    expected = np.array(weights) / sum(weights)
+    assert pfsp_probabilities(RATES, weighting) == pytest.approx(expected)
+
+
+def test_pfsp_treats_unmet_players_as_even_and_falls_back_to_uniform():
+    # NaN (never met) counts as p = 0.5: hard weights 0.25 and (1 - 0.9)^2 = 0.01.
+    assert pfsp_probabilities([float("nan"), 0.9], "hard") == pytest.approx([0.25 / 0.26, 0.01 / 0.26])
+    assert pfsp_probabilities([1.0, 1.0, 1.0], "hard") == pytest.approx([1 / 3] * 3)
+
+
+def test_pfsp_draws_match_the_weights():
+    rng = np.random.default_rng(0)
+    rates = dict(zip("abcde", RATES))
+    draws = [choose_opponent(rng, "pfsp:hard", "me", "main", list(rates), rates.get) for _ in range(20_000)]
+    frequencies = np.array([draws.count(name) for name in rates]) / len(draws)
+    assert frequencies == pytest.approx(pfsp_probabilities(RATES, "hard"), abs=0.01)
+
+
+def test_rules_pick_self_main_fixed_and_uniform_past_players():
+    rng = np.random.default_rng(0)
+    past = ["main@000000", "main@000010", "random"]
+    never = lambda name: float("nan")  # noqa: E731
+    assert choose_opponent(rng, "self", "me", "main", past, never) == "me"
+    assert choose_opponent(rng, "main", "me", "main", past, never) == "main"
+    assert choose_opponent(rng, "mcts:10", "me", "main", past, never) == "mcts:10"
+    assert choose_opponent(rng, "uniform", "me", "main", [], never) == "me"  # nobody yet: self-play
+    draws = [choose_opponent(rng, "uniform", "me", "main", past, never) for _ in range(6000)]
+    assert [draws.count(name) / 6000 for name in past] == pytest.approx([1 / 3] * 3, abs=0.03)
+
+
+def test_role_mixes_fill_seats_of_their_role():
+    rng = np.random.default_rng(1)
+    roles = {"duel": ("attacker", "defender")}
+    matches = schedule_matches(
+        rng, "me", {"self": 1.0}, {"duel": 1.0}, roles, 8, 2, role_mixes={"defender": {"random": 1.0}}
+    )
+    assert len(matches) == 16 and matches[0] == matches[1]  # each start played group_size times
+    for index, match in enumerate(matches[::2]):
+        # The learner alternates seats; a defender seat it does not take goes to random.
+        assert match.players == (("me", "random") if index % 2 == 0 else ("me", "me"))
+
+
+def test_snapshot_rule_by_steps_by_win_rate_and_by_cap():
+    rule = dict(every=0, win_rate=0.7, min_games=10, max_steps=50)
+    assert snapshot_due(5, [(0.8, 12), (0.75, 10)], **rule)
+    assert not snapshot_due(5, [(0.8, 12), (0.65, 30)], **rule)  # one past player not beaten
+    assert not snapshot_due(5, [(0.8, 12), (0.9, 4)], **rule)  # too few games to tell
+    assert not snapshot_due(5, [], **rule)
+    assert snapshot_due(50, [(0.1, 100)], **rule)  # the cap
+    assert snapshot_due(10, [], every=10, win_rate=0, min_games=0, max_steps=0)
+    assert not snapshot_due(9, [], every=10, win_rate=0, min_games=0, max_steps=0)
+    assert not snapshot_due(0, [(1.0, 99)], **rule)  # just frozen
+
+
+def _snapshot(name, parent="main", step=0):
+    return LeaguePlayer(name, "snapshot", step, parent=parent, weights=f"{name}.safetensors")
+
+
+def test_eviction_retires_what_main_beats_most_and_keeps_each_newest():
+    parents = {"main@1": "main", "x@1": "x", "main@2": "main", "main@3": "main", "x@2": "x"}
+    snapshots = [_snapshot(name, parent) for name, parent in parents.items()]
+    rates = {"main@1": 0.6, "x@1": 0.9, "main@2": 0.6, "main@3": 0.99, "x@2": 0.99}
+    # Newest per parent (main@3, x@2) stay; x@1 (0.9) goes first, then main@1 (ties: the oldest).
+    assert eviction_choice(snapshots, rates.get, cap=3) == ["x@1", "main@1"]
+    assert eviction_choice(snapshots, rates.get, cap=0) == []
+    assert eviction_choice(snapshots[:2], lambda name: float("nan"), cap=1) == []  # each is its parent's newest
+
+
+def _match(a, b, reward_a, game="tictactoe", roles=("player_0", "player_1"), step=1):
+    return LeagueMatch(step, game, 0, (a, b), roles, (1, 0), (reward_a, -reward_a), "game_over")
+
+
+def test_payoff_counts_decay_per_result_and_draws_count_half():
+    table = PayoffTable(decay=0.5)
+    for reward in (1.0, -1.0, 0.0):  # win, loss, draw
+        table.add(_match("a", "b", reward))
+    # After the win: w=1; the loss: w=.5, l=1; the draw: w=.25, l=.5, d=1 -> (.25 + .5) / 1.75.
+    assert table.win_rate("a", "b") == pytest.approx(0.75 / 1.75)
+    assert table.win_rate("b", "a") == pytest.approx(1 - 0.75 / 1.75)
+    assert math.isnan(table.win_rate("a", "c"))
+    table.add(_match("a", "a", 1.0))  # self-play tells nothing about a against a
+    assert math.isnan(table.win_rate("a", "a"))
+
+
+def test_payoff_keeps_games_and_role_pairings_apart():
+    table = PayoffTable()
+    table.add(_match("a", "b", 1.0))
+    table.add(_match("b", "a", 1.0, roles=("player_0", "player_1")))
+    table.add(_match("a", "b", -1.0, game="kuhn_poker"))
+    assert table.win_rate("a", "b", "tictactoe") == 0.5 and table.win_rate("a", "b", "kuhn_poker") == 0.0
+    assert set(table.tallies) == {
+        ("tictactoe", "player_0", "player_1"),
+        ("tictactoe", "player_1", "player_0"),
+        ("kuhn_poker", "player_0", "player_1"),
+        ("kuhn_poker", "player_1", "player_0"),
+    }
+    assert table.tallies["tictactoe", "player_0", "player_1"]["a", "b"].wins == 1
+    rates, games = table.matrix(["a", "b"])
+    assert rates[0, 1] == pytest.approx(1 / 3) and games[0, 1] == 3
+    table.forget("a")
+    assert math.isnan(table.win_rate("a", "b"))
+
+
+def test_online_ratings_move_winners_up_skip_self_play_and_inherit():
+    ratings = OnlineRatings()
+    ratings.add(_match("a", "b", 1.0))
+    (mu_a, sigma_a), (mu_b, _) = ratings.table()["a"], ratings.table()["b"]
+    assert mu_a > 25 > mu_b and sigma_a < 25 / 3
+    ratings.add(_match("a", "a", 1.0))
+    assert ratings.table()["a"] == (mu_a, sigma_a)
+    ratings.inherit("a@1", "a")
+    assert ratings.table()["a@1"] == (mu_a, sigma_a)
+
+
+LEAGUE = [
+    "steps=3",
+    "checkpoint_every=1",
+    "keep_checkpoints=5",
+    "games={tictactoe: 1, kuhn_poker: 1}",
+    "opponents={self: 0.35, pfsp:hard: 0.5, pfsp:variance: 0.15}",
+    "rollout.games_per_step=6",
+    "rollout.max_new_tokens=4",
+    "learner.lr=1e-2",
+    "league.enabled=true",
+    "league.scripted=[random]",
+    "league.main_exploiters=1",
+    "league.league_exploiters=1",
+    "league.snapshot_every=2",
+    "league.population_cap=3",
+    "league.exploiter_lora_rank=4",
+]
+
+
+def test_population_rules_that_need_a_league_are_refused_without_one(tiny_model_dir, tmp_path):
+    with pytest.raises(UserError, match="league.enabled"):
+        Trainer(load_config(None, [f"model={tiny_model_dir}", "opponents={pfsp:hard: 1}"]), progress=False)
+    with pytest.raises(UserError, match="pfsp:hard, pfsp:variance"):
+        load = ["league.enabled=true", "opponents={pfsp:soft: 1}", f"run_dir={tmp_path}"]
+        Trainer(load_config(None, [f"model={tiny_model_dir}", *load]), progress=False)
+
+
+@pytest.mark.slow
+def test_league_run_snapshots_resets_exploiters_and_resumes_as_it_was(tiny_model_dir, tmp_path):
+    unbroken, broken = tmp_path / "unbroken", tmp_path / "broken"
+    common = [*LEAGUE, f"model={tiny_model_dir}"]
+    train_command(None, [*common, f"run_dir={unbroken}"], resume=None, progress=False)
+    with LeagueStore(unbroken / "league.sqlite") as store:
+        players = {p.name: p for p in store.players()}
+        matches = store.matches()
+        assert store.last_step() == 3
+    learners = ["main", "main_exploiter_0", "league_exploiter_0"]
+    # Snapshots at step 0 (the initial policy) and step 2 (snapshot_every); the cap of 3
+    # retires the oldest of what main beats, never a learner's newest.
+    assert {p.name for p in players.values() if p.kind == "snapshot"} == {
+        "main@000000",
+        *(f"{name}@000002" for name in learners),
+    }
+    active = [p.name for p in players.values() if p.kind == "snapshot" and p.active]
+    assert len(active) == 3 and {f"{name}@000002" for name in learners} == set(active)
+    assert all((unbroken / p.weights).exists() for p in players.values() if p.kind == "snapshot")
+    assert {m.step for m in matches} == {1, 2, 3} and len(matches) == 3 * 6 * 3  # three learners, 6 games each
+    assert all(m.versions[m.players.index(p)] == 2 for m in matches for p in m.players if p.endswith("@000002"))
+
+    # A crash after step 3's league records but before its checkpoint: the resumed run forgets
+    # step 3's records, replays the step exactly, and ends with the same league.
+    train_command(None, [*common, "steps=2", f"run_dir={broken}"], resume=None, progress=False)
+    train_command(None, ["steps=3"], resume=str(broken), progress=False)
+    shutil.rmtree(list_checkpoints(broken)[-1])
+    shutil.rmtree(broken / "league" / "exploiters" / "main_exploiter_0" / "checkpoints" / "step-000003")
+    shutil.rmtree(broken / "league" / "exploiters" / "league_exploiter_0" / "checkpoints" / "step-000003")
+    train_command(None, ["steps=3"], resume=str(broken), progress=False)
+    with LeagueStore(broken / "league.sqlite") as store:
+        assert store.matches() == matches
+        assert store.players() == list(players.values())
+
+
+def test_league_show_prints_standings_payoff_lineage_and_meta_strategy(tiny_model_dir, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    overrides = [
+        *LEAGUE[:-5],
+        "steps=2",
+        "league.snapshot_every=1",
+        "league.population_cap=0",
+        f"model={tiny_model_dir}",
+        f"run_dir={run_dir}",
+    ]
+    train_command(None, overrides, resume=None, progress=False)
+    capsys.readouterr()
+    assert main(["league", "show", str(run_dir), "--csv", str(tmp_path / "csv"), "--meta", "kuhn_poker"]) == 0
+    out = capsys.readouterr().out
+    assert "main: main@000000 -> main@000001 -> main@000002" in out
+    with LeagueStore(run_dir / "league.sqlite") as store:
+        matches = store.matches()
+    standings = {row["player"]: row for row in csv.DictReader((tmp_path / "csv" / "standings.csv").open())}
+    # Every game the main player finished against another player is in its record.
+    against_others = sum(1 for m in matches if len(set(m.players)) == 2)
+    assert int(standings["main"]["games"]) == against_others
+    assert {"main", "main@000000", "random"} <= set(standings)
+    assert len(list(csv.DictReader((tmp_path / "csv" / "matches.csv").open()))) == len(matches)
+    assert "Nash mixture" in out and "the latest policy alone" in out
+
+
+def test_league_show_names_a_run_without_a_league(tmp_path, capsys):
+    (tmp_path / "config.yaml").write_text("steps: 1\n")
+    assert main(["league", "show", str(tmp_path)]) == 2
+    assert "holds no league" in capsys.readouterr().err
