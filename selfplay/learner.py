@@ -22,6 +22,7 @@ so memory is bounded whatever the number of samples.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,9 +56,12 @@ class Learner:
         device: str | None = None,
         seed: int = 0,
         resume_from: str | Path | None = None,
+        shared_base: torch.nn.Module | None = None,
     ):
         """`model_path` is the initial policy (and the KL reference); `resume_from` a model
-        directory written by `save_pretrained` to continue from."""
+        directory written by `save_pretrained` to continue from. With LoRA, `shared_base` is the
+        initial model already in memory: the learner's adapters sit on its frozen weights
+        without copying them, so several learners (a league's exploiters) share one base."""
         self.config = config
         self.temperature = temperature if temperature > 0 else 1.0
         self.token_sum_length = config.token_sum_length or token_sum_length
@@ -66,7 +70,10 @@ class Learner:
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.lora = config.lora.rank > 0
         weights = resume_from if resume_from is not None and not self.lora else model_path
-        model = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32).to(self.device)
+        if shared_base is not None and self.lora:
+            model = _sharing_weights(shared_base)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32).to(self.device)
         self.tied_embeddings = bool(getattr(model.config, "tie_word_embeddings", False))
         if self.lora:
             model = _with_lora(model, config, Path(resume_from) / "adapter" if resume_from is not None else None)
@@ -212,13 +219,22 @@ class Learner:
         if not self.lora:
             state = self.model.state_dict()
         else:
+            # Base weight plus each adapter's delta, computed aside: merging in place would touch
+            # a base that other learners share, and rounding would drift it.
+            from peft.tuners.lora import LoraLayer
+
             base = self.model.get_base_model()
-            with _merged(self.model):
-                state = {
-                    name.replace(".base_layer.", "."): tensor.detach().clone()
-                    for name, tensor in base.state_dict().items()
-                    if "lora_" not in name
+            with torch.no_grad():
+                deltas = {
+                    f"{name}.weight": module.get_delta_weight(module.active_adapters[0])
+                    for name, module in base.named_modules()
+                    if isinstance(module, LoraLayer)
                 }
+                state = {}
+                for name, tensor in base.state_dict().items():
+                    if "lora_" not in name:
+                        name = name.replace(".base_layer.", ".")
+                        state[name] = tensor + deltas[name] if name in deltas else tensor.detach().clone()
         if self.tied_embeddings:
             state.pop("lm_head.weight", None)
         return state
@@ -240,6 +256,13 @@ class Learner:
         self.tokenizer.save_pretrained(directory)
         if self.lora:
             self.model.save_pretrained(directory / "adapter")
+
+
+def _sharing_weights(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model`'s module tree holding the very same parameter and buffer tensors, so
+    that wrapping it in LoRA adapters leaves `model` itself unchanged and costs no weights."""
+    shared = {id(tensor): tensor for tensor in [*model.parameters(), *model.buffers()]}
+    return copy.deepcopy(model, shared)
 
 
 def _with_lora(model, config: LearnerConfig, adapter_path: str | Path | None):

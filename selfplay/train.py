@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 import yaml
 from tqdm import tqdm
 
@@ -188,6 +189,7 @@ class Trainer:
         if checkpoint is None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / CONFIG_FILE).write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
+        self.shared_base = None  # the initial model under the exploiters' adapters, once needed
         main = self._learning_player(MAIN, config.learner, checkpoint)
         self.players: dict[str, LearningPlayer] = {MAIN: main}
         self.frozen: dict[str, PolicyBackend] = {}  # snapshots' backends, loaded when first matched
@@ -223,9 +225,15 @@ class Trainer:
 
     # -- setting up ----------------------------------------------------------------------------
 
-    def _learning_player(self, name: str, learner_config, checkpoint: Path | None) -> LearningPlayer:
-        """A learner from `checkpoint` (or the initial model) and a backend serving its weights."""
+    def _learning_player(
+        self, name: str, learner_config, checkpoint: Path | None, exploiter: bool = False
+    ) -> LearningPlayer:
+        """A learner from `checkpoint` (or the initial model) and a backend serving its weights.
+        Exploiters' LoRA adapters share one frozen copy of the initial model, and with the
+        `hf` backend they generate with their learner's own model: an exploiter costs its
+        adapters and optimizer state, not another copy of the weights."""
         config = self.config
+        shared_base = self._exploiter_base() if exploiter and learner_config.lora.rank > 0 else None
         learner = Learner(
             self.model_path,
             learner_config,
@@ -234,11 +242,31 @@ class Trainer:
             device=config.device,
             seed=config.seed,
             resume_from=checkpoint,
+            shared_base=shared_base,
         )
-        backend = make_backend(config.backend, str(self.model_path))
+        if shared_base is not None and config.backend == "hf":
+            backend = make_backend("hf", str(self.model_path), device=learner.device, model=learner.model)
+        else:
+            backend = make_backend(config.backend, str(self.model_path))
+        player = LearningPlayer(name, learner, backend)
         if checkpoint is not None:
-            backend.load_weights(learner.export_weights(self._sync_path(name)), version=self.step)
-        return LearningPlayer(name, learner, backend)
+            self._sync(player)
+        return player
+
+    def _exploiter_base(self):
+        if self.shared_base is None:
+            from transformers import AutoModelForCausalLM
+
+            device = self.config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+            self.shared_base = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32).to(device)
+        return self.shared_base
+
+    def _sync(self, player: LearningPlayer) -> None:
+        """The learner's current weights to its backend, as this step's version."""
+        if player.backend.shares_model:
+            player.backend.version = self.step
+        else:
+            player.backend.load_weights(player.learner.export_weights(self._sync_path(player.name)), version=self.step)
 
     def _sync_path(self, name: str) -> Path:
         path = self.run_dir / "sync" / f"{name}.safetensors"
@@ -263,7 +291,7 @@ class Trainer:
             if player.name != MAIN:
                 directory = self.run_dir / EXPLOITERS_DIR / player.name
                 checkpoint = latest_checkpoint(directory) if resume else None
-                exploiter = self._learning_player(player.name, self._exploiter_config(), checkpoint)
+                exploiter = self._learning_player(player.name, self._exploiter_config(), checkpoint, exploiter=True)
                 if checkpoint is not None:
                     exploiter.baselines = _baselines(load_checkpoint(checkpoint, exploiter.learner))
                 self.players[player.name] = exploiter
@@ -384,7 +412,7 @@ class Trainer:
             stats.update({f"advantage/{k}": v for k, v in advantage_stats(advantages).items()})
             stats.update({f"learner/{k}": v for k, v in player.learner.update(samples).items()})
             synced = time.perf_counter()
-            player.backend.load_weights(player.learner.export_weights(self._sync_path(name)), version=self.step)
+            self._sync(player)
             sync_s += time.perf_counter() - synced
             prefix = "" if name == MAIN else f"{name}/"
             metrics.update({f"{prefix}{k}": v for k, v in stats.items()})
@@ -405,11 +433,9 @@ class Trainer:
         snapshots. Returns the league's metrics."""
         changes = self.league.record_step(self.step, trajectories, versions, self._freeze)
         for name in changes.resets:
-            player = self._learning_player(name, self._exploiter_config(), None)
-            player.backend.close()
-            player.backend = self.players[name].backend
-            player.backend.load_weights(player.learner.export_weights(self._sync_path(name)), version=self.step)
-            self.players[name] = player
+            self.players[name].backend.close()
+            self.players[name] = self._learning_player(name, self._exploiter_config(), None, exploiter=True)
+            self._sync(self.players[name])
         for name in changes.retired:
             backend = self.frozen.pop(name, None)
             if backend is not None:

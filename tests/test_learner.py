@@ -158,3 +158,24 @@ def test_bf16_autocast_updates(tiny_model_dir, prompt):
     learner = Learner(str(tiny_model_dir), LearnerConfig(lr=1e-3, precision="bf16"), seed=0)
     stats = learner.update([sampled(learner, prompt, [5, 6, 7], 1.0)])
     assert math.isfinite(stats["loss"]) and stats["grad_norm"] > 0
+
+
+def test_lora_learners_share_one_frozen_base_and_generate_from_it(tiny_model_dir, prompt, tmp_path):
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    before = {name: tensor.clone() for name, tensor in base.state_dict().items()}
+    config = LearnerConfig(lr=1e-2, lora=LoraConfig(rank=4, alpha=8.0))
+    first, second = (Learner(str(tiny_model_dir), config, seed=s, shared_base=base) for s in (0, 1))
+    embedding = base.get_input_embeddings().weight
+    for learner in (first, second):  # the same tensors, not copies
+        assert learner.model.get_base_model().get_input_embeddings().weight is embedding
+    untrained = second.policy_state_dict()
+    first.update([sampled(first, prompt, [5, 6, 7], 1.0)])
+    assert all(torch.equal(before[name], tensor) for name, tensor in base.state_dict().items())
+    assert all(torch.equal(untrained[name], tensor) for name, tensor in second.policy_state_dict().items())
+    # A backend generating with the learner's own model samples what its exported weights sample.
+    sampling = SamplingSettings(max_new_tokens=6, temperature=0.0)
+    shared = HFBackend(str(tiny_model_dir), model=first.model)
+    copied = HFBackend(str(tiny_model_dir))
+    copied.load_weights(first.export_weights(tmp_path / "first.safetensors"), version=1)
+    assert shared.generate([prompt], sampling)[0].token_ids == copied.generate([prompt], sampling)[0].token_ids
+    assert first.model.training  # generating left the learner in training mode

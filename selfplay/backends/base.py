@@ -40,6 +40,7 @@ class PolicyBackend(ABC):
 
     model_path: str
     version: int = 0
+    shares_model: bool = False  # generates with the learner's own in-memory model: nothing to load
 
     @abstractmethod
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[Generation]:

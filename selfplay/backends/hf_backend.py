@@ -13,7 +13,12 @@ from selfplay.backends.base import Generation, PolicyBackend, SamplingSettings, 
 
 
 class HFBackend(PolicyBackend):
-    """Batched sampling with `model.generate`; prompts are sorted by length and left-padded."""
+    """Batched sampling with `model.generate`; prompts are sorted by length and left-padded.
+
+    Given `model` (a learner's own, in memory), the backend generates with it instead of a
+    copy: its weights are always the learner's current ones, so `load_weights` only records
+    the version. A league's LoRA exploiters generate this way, at the cost of no extra weights.
+    """
 
     def __init__(
         self,
@@ -22,11 +27,15 @@ class HFBackend(PolicyBackend):
         device: str | None = None,
         dtype: torch.dtype = torch.float32,
         max_batch_size: int = 256,
+        model: torch.nn.Module | None = None,
     ):
         self.model_path = model_path
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device).eval()
+        self.shares_model = model is not None
+        if model is None:
+            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device).eval()
+        self.model = model
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
         self.eos_ids.discard(None)
@@ -41,12 +50,17 @@ class HFBackend(PolicyBackend):
         # Sampling draws from torch's global generator; fork it so a seed here never
         # disturbs (or is disturbed by) the caller's random state.
         devices = [self.device] if self.device.startswith("cuda") else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(sampling.seed)
-            for start in range(0, len(order), self.max_batch_size):
-                chunk = order[start : start + self.max_batch_size]
-                for i, generation in zip(chunk, self._generate_batch([prompts[i] for i in chunk], sampling)):
-                    results[i] = generation
+        training = self.model.training  # a shared learner's model goes back to training mode after
+        self.model.eval()
+        try:
+            with torch.random.fork_rng(devices=devices):
+                torch.manual_seed(sampling.seed)
+                for start in range(0, len(order), self.max_batch_size):
+                    chunk = order[start : start + self.max_batch_size]
+                    for i, generation in zip(chunk, self._generate_batch([prompts[i] for i in chunk], sampling)):
+                        results[i] = generation
+        finally:
+            self.model.train(training)
         return results
 
     def _generate_batch(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[Generation]:
@@ -82,5 +96,6 @@ class HFBackend(PolicyBackend):
         ]
 
     def load_weights(self, path: Path, version: int) -> None:
-        load_model(self.model, str(path), device=self.device)
+        if not self.shares_model:
+            load_model(self.model, str(path), device=self.device)
         self.version = version
