@@ -47,6 +47,29 @@ class Candidate:
     name: str
     model: str  # a model directory, a hub name, or "default"
     step: int | None = None
+    weights: str | None = None  # a league snapshot's safetensors file, loaded over `model`
+
+    def policy(self, backend: str) -> PolicyBackend:
+        from selfplay.match import load_policy
+
+        policy = load_policy(self.model, backend)
+        if self.weights is not None:
+            policy.load_weights(Path(self.weights), version=self.step or 0)
+        return policy
+
+    def network(self):
+        """The candidate as a transformers model (for probes) and its tokenizer."""
+        import torch
+        from safetensors.torch import load_model
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from selfplay.default_model import resolve_model
+
+        path = resolve_model(self.model)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        if self.weights is not None:
+            load_model(model, self.weights)
+        return model, AutoTokenizer.from_pretrained(path)
 
 
 @dataclass(frozen=True)
@@ -63,12 +86,15 @@ class EvalSettings:
 
 def find_candidates(specs: Sequence[str]) -> list[Candidate]:
     """Each spec is a run directory (all its checkpoints, oldest first), one checkpoint
-    directory, or a model (directory, hub name or "default")."""
+    directory, a league snapshot (`RUN_DIR/league/snapshots/NAME.safetensors`), or a model
+    (directory, hub name or "default")."""
     found: list[Candidate] = []
     for spec in specs:
         path = Path(spec)
         checkpoints = list_checkpoints(path)
-        if checkpoints:
+        if path.suffix == ".safetensors":
+            found.append(_snapshot_candidate(path))
+        elif checkpoints:
             found += [_checkpoint_candidate(c) for c in checkpoints]
         elif (path / STATE_FILE).exists():
             found.append(_checkpoint_candidate(path))
@@ -84,6 +110,21 @@ def find_candidates(specs: Sequence[str]) -> list[Candidate]:
     if duplicates:
         raise UserError(f"Checkpoints given twice: {', '.join(duplicates)}.")
     return found
+
+
+def _snapshot_candidate(path: Path) -> Candidate:
+    from selfplay.config import load_config
+    from selfplay.train import CONFIG_FILE, SNAPSHOTS_DIR
+
+    depth = len(Path(SNAPSHOTS_DIR).parts)
+    run_dir = path.parents[depth] if len(path.parents) > depth else None
+    name, _, step = path.stem.rpartition("@")
+    if run_dir is None or not path.is_file() or not (run_dir / CONFIG_FILE).exists() or not step.isdigit():
+        raise UserError(
+            f"'{path}' is not a league snapshot: expected an existing RUN_DIR/{SNAPSHOTS_DIR}/PLAYER@STEP.safetensors "
+            f"inside a run directory with its {CONFIG_FILE}."
+        )
+    return Candidate(path.stem, load_config(run_dir / CONFIG_FILE).model, int(step), str(path))
 
 
 def _checkpoint_candidate(path: Path) -> Candidate:
@@ -223,7 +264,6 @@ def play_opponents(
 
 def evaluate(candidates: Sequence[Candidate], settings: EvalSettings, progress: bool = True) -> dict:
     """Every figure of the evaluation, as plain data (what `results.json` holds)."""
-    from selfplay.match import load_policy
 
     if not candidates:
         raise UserError("Nothing to evaluate: give --checkpoints (run directories, checkpoints or models).")
@@ -245,7 +285,7 @@ def evaluate(candidates: Sequence[Candidate], settings: EvalSettings, progress: 
     try:
         for candidate in candidates:
             bar.set_postfix_str(candidate.name)
-            policy = load_policy(candidate.model, settings.backend)
+            policy = candidate.policy(settings.backend)
             try:
                 rows = play_opponents(
                     policy,
@@ -279,11 +319,10 @@ def round_robin(
 ) -> dict:
     """Every pair of candidates plays `episodes` games of each game, alternating seats; per
     game, the win and draw matrices and the Elo ratings OpenSpiel fits to them."""
-    from selfplay.match import load_policy
 
     labels = [c.name for c in candidates]
     index = {label: i for i, label in enumerate(labels)}
-    players = {c.name: load_policy(c.model, settings.backend) for c in candidates}
+    players = {c.name: c.policy(settings.backend) for c in candidates}
     try:
         matches = [
             match
@@ -328,17 +367,11 @@ def exploitabilities(candidates: Sequence[Candidate], games: Sequence[str]) -> l
     """Exact exploitability of each candidate's policy in each small game."""
     if not games:
         return []
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from selfplay.default_model import resolve_model
     from selfplay.evaluation.exploitability import policy_exploitability
 
     rows = []
     for candidate in candidates:
-        path = resolve_model(candidate.model)
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        model, tokenizer = candidate.network()
         for game in games:
             value = policy_exploitability(model, tokenizer, game)
             rows.append({"candidate": candidate.name, "step": candidate.step, "game": game, "exploitability": value})

@@ -9,11 +9,14 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from selfplay.checkpoint import list_checkpoints
 from selfplay.cli import main
 from selfplay.config import load_config
 from selfplay.errors import UserError
+from selfplay.evaluation.evaluate import find_candidates
 from selfplay.league.matchmaking import choose_opponent, pfsp_probabilities, schedule_matches
 from selfplay.league.payoff import PayoffTable
 from selfplay.league.population import eviction_choice, snapshot_due
@@ -234,6 +237,16 @@ def test_league_show_prints_standings_payoff_lineage_and_meta_strategy(tiny_mode
     assert {"main", "main@000000", "random"} <= set(standings)
     assert len(list(csv.DictReader((tmp_path / "csv" / "matches.csv").open()))) == len(matches)
     assert "Nash mixture" in out and "the latest policy alone" in out
+
+    # Snapshots are candidates for `selfplay eval`, served with their own weights.
+    snapshot = run_dir / "league" / "snapshots" / "main@000001.safetensors"
+    (candidate,) = find_candidates([str(snapshot)])
+    assert (candidate.name, candidate.step, candidate.weights) == ("main@000001", 1, str(snapshot))
+    served = candidate.policy("hf")
+    assert served.version == 1
+    assert all(torch.equal(served.model.state_dict()[k], v) for k, v in load_file(str(snapshot)).items())
+    with pytest.raises(UserError, match="not a league snapshot"):
+        find_candidates([str(tmp_path / "elsewhere@3.safetensors")])
 
 
 def test_league_show_names_a_run_without_a_league(tmp_path, capsys):
