@@ -42,6 +42,12 @@ class TextGame(ABC):
     rules: str = ""
     observation_shape: tuple[int, ...] = (1,)
     answer_format: AnswerFormat = BOXED
+    # The environment's agent names per seat (default player_0, player_1, ...), and the role each
+    # seat plays, which is what advantages are grouped by and league role slots are keyed on
+    # (default: the agent name). Several seats may share a role, e.g. ("proposer", "solver", "solver").
+    agent_names: tuple[str, ...] = ()
+    roles: tuple[str, ...] = ()
+    zero_sum: bool = True  # the seats' returns always sum to 0
 
     @abstractmethod
     def reset(self, rng: np.random.Generator) -> None:
@@ -81,6 +87,17 @@ class TextGame(ABC):
             if normalize(move) == wanted:
                 return move
         return None
+
+    def unreadable_move(self) -> str | None:
+        """The move that stands for output naming no legal move, in games that score such output
+        themselves (a failed attempt with a format penalty) and go on. None, the default, leaves
+        it to the environment's `InvalidMovePolicy`. Either way the output is logged as invalid."""
+        return None
+
+    def training_metrics(self) -> dict[str, float]:
+        """Figures about the game itself that the trainer logs after each step (for example a
+        task buffer's diversity); shared state across instances, since any one is asked."""
+        return {}
 
     def moves_prompt(self) -> str:
         """How the legal moves are listed in the prompt; long move lists override this."""
@@ -140,7 +157,7 @@ class TextGameEnv(AECEnv):
         self.invalid_moves = invalid_moves
         self.max_turns = max_turns
         self.render_mode = render_mode
-        self.possible_agents = [f"player_{i}" for i in range(game.num_players)]
+        self.possible_agents = list(game.agent_names) or [f"player_{i}" for i in range(game.num_players)]
         self._seat = {agent: i for i, agent in enumerate(self.possible_agents)}
         text = gymnasium.spaces.Text(MAX_TEXT_LENGTH, min_length=0, charset=_TEXT_SPACE_CHARSET)
         obs_space = gymnasium.spaces.Dict(
@@ -201,6 +218,9 @@ class TextGameEnv(AECEnv):
         self.rewards = {a: 0.0 for a in self.agents}
 
         move, reason = self._read_move(action)
+        if move is None and self.game.unreadable_move() is not None:
+            self._log_invalid(agent, action, reason)
+            move = self.game.unreadable_move()
         if move is None:
             self._on_invalid(agent, action, reason)
         else:
@@ -235,10 +255,13 @@ class TextGameEnv(AECEnv):
             return None, f"'{_excerpt(answer, 40)}' is not a legal move"
         return move, ""
 
-    def _on_invalid(self, agent: str, action: object, reason: str) -> None:
+    def _log_invalid(self, agent: str, action: object, reason: str) -> None:
         self.invalid_log[agent].append(
             {"turn": self.turns, "reason": reason, "output": _excerpt(_output_text(action), _RECORDED_OUTPUT_CHARS)}
         )
+
+    def _on_invalid(self, agent: str, action: object, reason: str) -> None:
+        self._log_invalid(agent, action, reason)
         self._failed_attempts += 1
         if self._failed_attempts <= self.invalid_moves.retries:
             self._feedback = f"Your previous answer was invalid ({reason}). Try again."
@@ -279,6 +302,10 @@ class TextGameEnv(AECEnv):
         return "\n\n".join(parts)
 
     # -- helpers for agents ----------------------------------------------------------------
+
+    def role(self, agent: str) -> str:
+        """The role `agent` plays (see `TextGame.roles`)."""
+        return self.game.roles[self._seat[agent]] if self.game.roles else agent
 
     def legal_moves(self) -> list[str]:
         """The mover's legal moves, computed once per state (the game changes only through step)."""

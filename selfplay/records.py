@@ -32,7 +32,7 @@ class Turn:
     game: str
     match_seed: int  # identifies the game this turn belongs to, with `game`
     seat: int
-    role: str  # the seat's agent name in the environment, e.g. "player_0"
+    role: str  # the role the seat plays, e.g. "player_0" or "solver" (TextGameEnv.role)
     agent: str  # label of the policy that played the seat
     policy_version: int  # version of the weights that sampled the response
     prompt_ids: tuple[int, ...]

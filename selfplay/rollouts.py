@@ -194,7 +194,7 @@ class RolloutEngine:
                 game=game.match.game,
                 match_seed=game.match.seed,
                 seat=prompt.seat,
-                role=agent,
+                role=env.role(agent),
                 agent=prompt.label,
                 policy_version=generation.policy_version,
                 prompt_ids=tuple(prompt.ids),

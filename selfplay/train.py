@@ -44,6 +44,7 @@ from selfplay.league.population import snapshot_name
 from selfplay.league.store import LEAGUE_FILE, LeagueStore
 from selfplay.learner import Learner, Sample
 from selfplay.records import Trajectory
+from selfplay.roles.base import advantage_key
 from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
 
 MAIN = "main"
@@ -139,7 +140,7 @@ def rollout_metrics(trajectories: Sequence[Trajectory], label: str = MAIN) -> di
         for seat, player in enumerate(result.players):
             if player != label:
                 continue
-            returns[f"return/{result.game}/player_{seat}"].append(result.rewards[seat])
+            returns[f"return/{result.game}/{roles_of(result.game)[seat]}"].append(result.rewards[seat])
             opponents = {p for p in result.players if p != label}
             if opponents:
                 reward = result.rewards[seat]
@@ -189,6 +190,7 @@ class Trainer:
         if checkpoint is None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / CONFIG_FILE).write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
+        self.games = {spec: make_game(spec) for spec in config.games}  # asked for their own figures each step
         self.shared_base = None  # the initial model under the exploiters' adapters, once needed
         main = self._learning_player(MAIN, config.learner, checkpoint)
         self.players: dict[str, LearningPlayer] = {MAIN: main}
@@ -401,7 +403,7 @@ class Trainer:
             owned = [t for t in trajectories if owner[t.result.game, t.result.seed, t.result.players] == name]
             learned = [learner_view(t, name) for t in owned]
             advantages, player.baselines = estimate(
-                config.advantages.estimator, learned, player.baselines, decay=config.advantages.decay
+                config.advantages.estimator, learned, player.baselines, decay=config.advantages.decay, key=advantage_key
             )
             samples = [
                 Sample(turn.prompt_ids, turn.response_ids, turn.logprobs, advantage)
@@ -420,6 +422,8 @@ class Trainer:
 
         if self.league is not None:
             metrics.update(self._league_step(trajectories, versions))
+        for spec, game in self.games.items():
+            metrics.update({f"game/{spec}/{k}": v for k, v in game.training_metrics().items()})
         tokens = sum(len(t.response_ids) for r in trajectories for t in r.turns)
         metrics["time/generate_s"] = generated - started
         metrics["time/learn_s"] = updated - generated - sync_s

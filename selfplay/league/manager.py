@@ -55,7 +55,9 @@ def initial_players(config: TrainConfig) -> list[LeaguePlayer]:
 
 @functools.cache
 def roles_of(game: str) -> tuple[str, ...]:
-    return tuple(make_env(game).possible_agents)
+    """The role of each seat of `game`."""
+    env = make_env(game)
+    return tuple(env.role(agent) for agent in env.possible_agents)
 
 
 class League:

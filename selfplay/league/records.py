@@ -30,7 +30,7 @@ class LeagueMatch:
     game: str
     seed: int
     players: tuple[str, ...]  # league player per seat
-    roles: tuple[str, ...]  # the environment's agent name per seat, e.g. "player_0"
+    roles: tuple[str, ...]  # the role each seat played, e.g. "player_0" or "solver"
     versions: tuple[int, ...]  # policy version per seat (a step); -1 for scripted agents
     rewards: tuple[float, ...]
     end_reason: str  # "game_over", "invalid_move" or "turn_cap"

@@ -1,0 +1,139 @@
+"""The proposer/solver game: its roles' rewards, the arithmetic domain, the task buffer, and
+a game played through the environment."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from selfplay.errors import UserError
+from selfplay.games import make_env
+from selfplay.roles.base import ROLES, advantage_key
+from selfplay.roles.domains import Arithmetic
+from selfplay.roles.proposer_solver import learnability, proposer, solver
+from selfplay.roles.task_buffer import TaskBuffer
+
+
+@pytest.mark.parametrize("rate, reward", [(0.0, 0.0), (0.25, 0.75), (0.5, 0.5), (0.75, 0.25), (1.0, 0.0)])
+def test_learnability_rewards_tasks_some_but_not_all_solvers_solve(rate, reward):
+    assert learnability(rate) == reward
+
+
+def test_role_rewards_and_format_penalties():
+    role = proposer("difficulty", format_penalty=-0.5)
+    assert role.reward({"valid": 1.0, "success_rate": 1.0}) == 0.0
+    assert role.reward({"valid": 1.0, "success_rate": 0.0}) == 1.0
+    assert role.reward({"valid": 0.0, "success_rate": 0.0}) == -0.5
+    answerer = solver(format_penalty=-2.0)
+    assert answerer.reward({"readable": True, "correct": True}) == 1.0
+    assert answerer.reward({"readable": True, "correct": False}) == 0.0
+    assert answerer.reward({"readable": False, "correct": False}) == -2.0
+    assert ROLES["solver"] is answerer
+
+
+@pytest.mark.parametrize(
+    "text, answer",
+    [("3 + 4 * 2", "11"), ("(20 - 5) * 2", "30"), ("0 - 7", "-7"), ("2*3*4*5", "120")],
+)
+def test_arithmetic_reads_and_evaluates_proposals(text, answer):
+    task = Arithmetic().read_proposal(text, "evaluate")
+    assert task is not None and task.answer == answer
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["7", "1 + 2 + 3 + 4 + 5", "21 + 1", "2 ** 8", "3 / 2", "x + 1", "__import__('os')", "1 +", "-3 + 4", "True + 1"],
+)
+def test_arithmetic_refuses_what_is_not_a_task(text):
+    assert Arithmetic().read_proposal(text, "evaluate") is None
+
+
+def test_arithmetic_checks_answers():
+    domain = Arithmetic()
+    task = domain.read_proposal("12 * 3 - 6", "evaluate")
+    assert domain.readable(task, " 30 ") and domain.check(task, "30")
+    assert domain.readable(task, "31") and not domain.check(task, "31")
+    assert not domain.readable(task, "thirty") and not domain.readable(task, "30.0")
+    rng = np.random.default_rng(0)
+    assert all(domain.read_proposal(p, "evaluate") for p in domain.example_proposals(rng, "evaluate", 50))
+
+
+def test_task_buffer_grows_with_new_valid_tasks_and_measures_diversity():
+    domain = Arithmetic()
+    buffer = TaskBuffer(domain.seed_tasks())
+    assert buffer.metrics() == {"buffer_size": 4.0}
+    a, b = domain.read_proposal("1 + 2", "evaluate"), domain.read_proposal("2 + 1", "evaluate")
+    for task in (a, a, None, b):
+        buffer.record(task)
+    assert buffer.metrics() == {
+        "buffer_size": 6.0,
+        "proposals": 4.0,
+        "valid_rate": 0.75,
+        "distinct_proposals": 2 / 3,
+        "distinct_answers": 1 / 3,  # all three say 3
+    }
+    assert buffer.metrics() == {"buffer_size": 6.0}  # figures are per reading
+    shown = buffer.sample(np.random.default_rng(0), 3)
+    assert len({t.key for t in shown}) == 3
+
+
+def play(env, outputs):
+    for output in outputs:
+        env.step(output)
+    return env.episode_returns
+
+
+def test_a_game_scores_each_role_and_unreadable_answers_do_not_stop_it():
+    env = make_env("proposer_solver(attempts=4)")
+    env.reset(seed=0)
+    assert env.possible_agents == ["proposer", "solver_0", "solver_1", "solver_2", "solver_3"]
+    assert [env.role(a) for a in env.possible_agents] == ["proposer"] + ["solver"] * 4
+    assert "Tasks proposed before" in env.observe("proposer")["state"]
+    assert "Waiting for the proposer" in env.observe("solver_0")["state"]
+    env.step("Let me think: 3 + 4 * 2 is a good one. \\boxed{3 + 4 * 2}")
+    state = env.observe("solver_2")["state"]
+    assert "What is 3 + 4 * 2?" in state and "good one" not in state  # only the answer reaches solvers
+    returns = play(env, ["\\boxed{11}", "no box at all", "\\boxed{eleven}", "\\boxed{14}"])
+    # One of four right: the proposer's learnability is 0.75; unreadable answers cost the penalty.
+    assert returns == {"proposer": 0.75, "solver_0": 1.0, "solver_1": -1.0, "solver_2": -1.0, "solver_3": 0.0}
+    assert env.end_reason == "game_over"
+    assert [len(env.invalid_log[a]) for a in env.possible_agents] == [0, 0, 1, 1, 0]
+
+
+def test_an_invalid_task_ends_the_game_with_the_format_penalty():
+    env = make_env("proposer_solver(attempts=2, format_penalty=-0.5)")
+    env.reset(seed=1)
+    assert play(env, ["\\boxed{2 ** 100}"]) == {"proposer": -0.5, "solver_0": 0.0, "solver_1": 0.0}
+
+
+def test_tasks_every_solver_solves_teach_nothing():
+    env = make_env("proposer_solver(attempts=2)")
+    env.reset(seed=2)
+    assert play(env, ["\\boxed{2 + 2}", "\\boxed{4}", "\\boxed{4}"]) == {
+        "proposer": 0.0,
+        "solver_0": 1.0,
+        "solver_1": 1.0,
+    }
+
+
+def test_solver_turns_share_one_advantage_key():
+    from selfplay.records import Turn
+
+    turns = [
+        Turn("proposer_solver", 0, seat, "solver", "main", 0, (), (), (), "", "stop", False, 0.0) for seat in (1, 3)
+    ]
+    assert advantage_key(turns[0]) == advantage_key(turns[1]) == ("proposer_solver", "solver")
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("proposer_solver(domain=chess)", "unknown domain"),
+        ("proposer_solver(attempts=1)", "at least 2"),
+        ("proposer_solver(task_type=induction)", "task types"),
+        ("proposer_solver(proposer_reward=fun)", "proposer_reward"),
+    ],
+)
+def test_bad_parameters_are_named(spec, message):
+    with pytest.raises(UserError, match=message):
+        make_env(spec)
