@@ -29,6 +29,13 @@ EXAMPLE_MOVES = 8
 
 
 class ProposerSolver(TextGame):
+    """Proposer/solver: one seat proposes a verifiable task (arithmetic, or Python programs), N seats solve it.
+
+    Parameters: `domain` (arithmetic, python), `attempts` (solver seats, default 4), `task_type`
+    (python: deduction, abduction or induction; default drawn per game), `proposer_reward`
+    (learnability, difficulty), `format_penalty` (default -1), `references` (buffer tasks shown).
+    """
+
     observation_shape = (3,)
     zero_sum = False
 

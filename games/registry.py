@@ -32,6 +32,7 @@ NATIVE_GAMES: dict[str, str] = {
     "liars_dice": "selfplay.games.liars_dice:LiarsDice",
     "nim": "selfplay.games.nim:Nim",
     "negotiation": "selfplay.games.negotiation:SimpleNegotiation",
+    "secret_keeping": "selfplay.games.secret_keeping:SecretKeeping",
     "proposer_solver": "selfplay.games.proposer_solver:ProposerSolver",
 }
 
