@@ -124,7 +124,10 @@ def _snapshot_candidate(path: Path) -> Candidate:
             f"'{path}' is not a league snapshot: expected an existing RUN_DIR/{SNAPSHOTS_DIR}/PLAYER@STEP.safetensors "
             f"inside a run directory with its {CONFIG_FILE}."
         )
-    return Candidate(path.stem, load_config(run_dir / CONFIG_FILE).model, int(step), str(path))
+    # The run's checkpoints carry the model's configuration and tokenizer as the run used them.
+    checkpoints = list_checkpoints(run_dir)
+    model = str(checkpoints[-1]) if checkpoints else load_config(run_dir / CONFIG_FILE).model
+    return Candidate(path.stem, model, int(step), str(path))
 
 
 def _checkpoint_candidate(path: Path) -> Candidate:

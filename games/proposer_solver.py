@@ -120,6 +120,8 @@ class ProposerSolver(TextGame):
             self.buffer.record(self.task)
         else:
             self.results.append(self.domain.check(self.task, move) if move != UNREADABLE else None)
+            if len(self.results) == self.attempts:
+                self.buffer.record_attempts(self.results)
 
     def is_over(self) -> bool:
         return self.proposed and (self.task is None or len(self.results) == self.attempts)

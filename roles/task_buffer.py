@@ -3,7 +3,8 @@
 Proposers are shown a few tasks from the buffer and asked for a different one (as in
 Absolute Zero). Diversity collapse, proposers writing the same few tasks again, is what
 Absolute Zero's users report, so the buffer counts, since it was last asked: proposals,
-valid ones, distinct valid proposals and distinct answers among them.
+valid ones, distinct valid proposals and distinct answers among them, and the solvers'
+attempts on them (right, wrong, unreadable).
 
 One buffer per domain is shared by every game of that domain in the process (`shared`), so
 the rollout engine's many concurrent games grow one buffer.
@@ -23,6 +24,7 @@ class TaskBuffer:
         self.tasks: list[Task] = list(seeds)
         self._keys = {task.key for task in seeds}
         self._recent: list[Task | None] = []  # proposals since the last `metrics` call
+        self._attempts: list[bool | None] = []  # solver results since then: right, wrong, unreadable
 
     def sample(self, rng: np.random.Generator, k: int, task_type: str | None = None) -> list[Task]:
         """Up to `k` distinct tasks (of `task_type`, when given), drawn uniformly."""
@@ -37,10 +39,14 @@ class TaskBuffer:
             self._keys.add(task.key)
             self.tasks.append(task)
 
+    def record_attempts(self, results: Sequence[bool | None]) -> None:
+        self._attempts.extend(results)
+
     def metrics(self) -> dict[str, float]:
         """Proposal figures since the last call (validity, distinct proposals and answers among
-        the valid ones), and the buffer's size."""
+        the valid ones), solver accuracy and unreadable rate, and the buffer's size."""
         recent, self._recent = self._recent, []
+        attempts, self._attempts = self._attempts, []
         valid = [t for t in recent if t is not None]
         figures = {"buffer_size": float(len(self.tasks))}
         if recent:
@@ -49,6 +55,9 @@ class TaskBuffer:
         if valid:
             figures["distinct_proposals"] = len({t.key for t in valid}) / len(valid)
             figures["distinct_answers"] = len({t.answer for t in valid}) / len(valid)
+        if attempts:
+            figures["solver_accuracy"] = sum(r is True for r in attempts) / len(attempts)
+            figures["solver_unreadable"] = sum(r is None for r in attempts) / len(attempts)
         return figures
 
 

@@ -102,7 +102,7 @@ def _cmd_league_show(args: argparse.Namespace) -> int:
     if args.meta:
         from selfplay.league.standings import league_meta_strategy
 
-        print("\n" + league_meta_strategy(args.run_dir, config.model, args.meta))
+        print("\n" + league_meta_strategy(args.run_dir, args.meta))
     return 0
 
 

@@ -86,6 +86,7 @@ def play(env, outputs):
 def test_a_game_scores_each_role_and_unreadable_answers_do_not_stop_it():
     env = make_env("proposer_solver(attempts=4)")
     env.reset(seed=0)
+    env.game.training_metrics()  # the buffer is shared in the process: start its figures afresh
     assert env.possible_agents == ["proposer", "solver_0", "solver_1", "solver_2", "solver_3"]
     assert [env.role(a) for a in env.possible_agents] == ["proposer"] + ["solver"] * 4
     assert "Tasks proposed before" in env.observe("proposer")["state"]
@@ -98,6 +99,8 @@ def test_a_game_scores_each_role_and_unreadable_answers_do_not_stop_it():
     assert returns == {"proposer": 0.75, "solver_0": 1.0, "solver_1": -1.0, "solver_2": -1.0, "solver_3": 0.0}
     assert env.end_reason == "game_over"
     assert [len(env.invalid_log[a]) for a in env.possible_agents] == [0, 0, 1, 1, 0]
+    figures = env.game.training_metrics()
+    assert figures["solver_accuracy"] == 0.25 and figures["solver_unreadable"] == 0.5
 
 
 def test_an_invalid_task_ends_the_game_with_the_format_penalty():

@@ -208,7 +208,7 @@ def _csv(path: Path, rows: list[dict]) -> None:
             writer.writerows(rows)
 
 
-def league_meta_strategy(run_dir: str | Path, model: str, game: str) -> str:
+def league_meta_strategy(run_dir: str | Path, game: str) -> str:
     """The meta-strategy report: the Nash mixture over the league's active snapshots and the
     main player's latest checkpoint in `game` (exact payoffs between their policies, each read
     from the model by the exploitability probe), with the exploitability of the mixture and of
@@ -218,7 +218,6 @@ def league_meta_strategy(run_dir: str | Path, model: str, game: str) -> str:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from selfplay.checkpoint import latest_checkpoint
-    from selfplay.default_model import resolve_model
     from selfplay.evaluation.exploitability import move_probabilities
     from selfplay.evaluation.meta_strategy import meta_strategy
 
@@ -228,7 +227,8 @@ def league_meta_strategy(run_dir: str | Path, model: str, game: str) -> str:
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     policies = {}
     with torch.no_grad():
-        network = AutoModelForCausalLM.from_pretrained(resolve_model(model), dtype=torch.float32)
+        # The checkpoint gives the architecture and tokenizer the run used.
+        network = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
         for snapshot in snapshots:
             load_model(network, str(Path(run_dir) / snapshot.weights))
             policies[snapshot.name] = move_probabilities(network, tokenizer, game)
