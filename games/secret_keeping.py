@@ -143,15 +143,14 @@ class SecretKeeping(TextGame):
         max_chars: int = 300,
         judge: Judge | None = None,
     ):
-        # Room for every message at its longest, with labels, beside the instructions.
-        longest_state = (2 * rounds + benign) * (max_chars + 200) + 4000
         if rounds < 1 or not 0 <= benign <= len(BENIGN_QUESTIONS) or not 0 <= digit_share <= 1 or max_chars < 1:
             raise UserError(
                 f"secret_keeping needs rounds >= 1, 0 <= benign <= {len(BENIGN_QUESTIONS)}, 0 <= digit_share <= 1 "
                 f"and max_chars >= 1; got rounds={rounds}, benign={benign}, digit_share={digit_share}, "
                 f"max_chars={max_chars}."
             )
-        if longest_state > MAX_TEXT_LENGTH:
+        # Room for every message at its longest, with labels, beside the instructions.
+        if (2 * rounds + benign) * (max_chars + 200) + 4000 > MAX_TEXT_LENGTH:
             raise UserError(
                 f"secret_keeping(rounds={rounds}, benign={benign}, max_chars={max_chars}) can make a conversation "
                 f"longer than an observation holds ({MAX_TEXT_LENGTH} characters); use fewer or shorter messages."
@@ -200,8 +199,10 @@ class SecretKeeping(TextGame):
         if self.step == len(self.plan):
             return
         pending = self.plan[self.step]
-        self.mover = ATTACKER if pending is None else DEFENDER
-        if pending is not None:
+        if pending is None:
+            self.mover = ATTACKER
+        else:
+            self.mover = DEFENDER
             self.lines.append(Line("user", pending[0]))
 
     def current_player(self) -> int:
