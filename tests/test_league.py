@@ -253,3 +253,29 @@ def test_league_show_names_a_run_without_a_league(tmp_path, capsys):
     (tmp_path / "config.yaml").write_text("steps: 1\n")
     assert main(["league", "show", str(tmp_path)]) == 2
     assert "holds no league" in capsys.readouterr().err
+
+
+def test_role_games_train_in_the_league_with_role_slots(tiny_model_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    overrides = [
+        "steps=1",
+        "games={proposer_solver(attempts=2): 1, secret_keeping(rounds=1): 1}",
+        "opponents={self: 1}",
+        "rollout.games_per_step=4",
+        "rollout.max_new_tokens=4",
+        "league.enabled=true",
+        "league.scripted=[random]",
+        "league.role_opponents={defender: {random: 1}}",
+        f"model={tiny_model_dir}",
+        f"run_dir={run_dir}",
+    ]
+    metrics = train_command(None, overrides, resume=None, progress=False)
+    assert "return/proposer_solver(attempts=2)/solver" in metrics
+    with LeagueStore(run_dir / "league.sqlite") as store:
+        matches = store.matches()
+    roles = {m.roles for m in matches}
+    assert roles == {("proposer", "solver", "solver"), ("attacker", "defender")}
+    # The learner alternates seats; a defender seat it leaves follows the defender's mix (random),
+    # an attacker seat the main player's own (self).
+    seated = {m.players for m in matches if m.roles == ("attacker", "defender")}
+    assert seated == {("main", "random"), ("main", "main")}
