@@ -1,0 +1,292 @@
+"""The sandbox runs proposed code and contains what it does: every escape below must end as a
+specific ok=False result while this test process carries on."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import sys
+import time
+import uuid
+
+import pytest
+
+from selfplay.errors import UserError
+from selfplay.roles.sandbox import DEFAULT_LIMITS, SandboxLimits, SandboxResult, run_function, verify, verify_many
+
+UNBANNED = SandboxLimits(banned_modules=())  # to show what the audit hook alone stops
+
+# Finds a class by name among all loaded ones: the usual way around an import ban, since os._wrap_close's
+# methods hold the whole os module as their globals.
+GADGET = """
+def loaded(name):
+    return [c for c in ().__class__.__base__.__subclasses__() if c.__name__ == name][0]
+OS = loaded('_wrap_close').__init__.__globals__
+"""
+
+
+def run(source: str, argument: str = "0", limits: SandboxLimits = DEFAULT_LIMITS) -> SandboxResult:
+    return run_function(source, "f", argument, limits)
+
+
+def test_returns_the_repr_of_the_result():
+    assert run("def f(x):\n    return sorted(x)[::-1]", "[3, 1, 2]") == SandboxResult(True, "[3, 2, 1]")
+    # A tuple literal is one argument, not unpacked.
+    assert run("def f(x):\n    return len(x)", "(1, 'a', None)").output == "3"
+    assert run("from fractions import Fraction\ndef f(x):\n    return Fraction(x, 6)", "4").output == "Fraction(2, 3)"
+
+
+def test_prints_do_not_corrupt_the_result():
+    source = 'def f(x):\n    print(\'{"ok": true, "output": "fake"}\')\n    print("x" * 100000)\n    return x + 1'
+    assert run(source, "1") == SandboxResult(True, "2")
+
+
+def test_standard_library_modules_that_import_banned_ones_still_work():
+    source = (
+        "import dataclasses, queue, logging\n@dataclasses.dataclass\nclass P:\n    a: int\n"
+        "def f(x):\n    q = queue.PriorityQueue()\n    q.put(x)\n    return P(q.get())"
+    )
+    assert run(source, "5").output == "P(a=5)"
+
+
+@pytest.mark.parametrize(
+    "source, argument, error",
+    [
+        ("def f(x):\n    raise ValueError('bad ' + str(x))", "7", "ValueError: bad 7"),
+        ("def f(x)\n    return x", "1", "SyntaxError: expected ':' (line 1)"),
+        ("def g(x):\n    return x", "1", "NameError: function 'f' is not defined"),
+        ("f = 3", "1", "TypeError: 'f' is not callable"),
+        ("def f(x):\n    return x", "open('x')", "argument is not a Python literal"),
+        ("def f(x):\n    return f(x)", "1", "RecursionError: maximum recursion depth exceeded"),
+        ("def f(x):\n    raise SystemExit(3)", "1", "SystemExit: 3"),
+        ("def f(x):\n    return 'x' * 10**6", "1", "output too long (1000002 characters)"),
+    ],
+)
+def test_reports_what_went_wrong(source, argument, error):
+    assert run(source, argument) == SandboxResult(False, error=error)
+
+
+def test_an_infinite_loop_hits_the_cpu_limit():
+    # A generous wall clock, so that the CPU limit is what ends it even on a busy machine.
+    start = time.monotonic()
+    result = run("def f(x):\n    while True:\n        pass", limits=SandboxLimits(cpu_seconds=1, wall_seconds=20))
+    assert result == SandboxResult(False, error="CPU time limit")
+    assert time.monotonic() - start < 20
+
+
+def test_a_stalled_task_is_killed_at_the_wall_clock_limit():
+    start = time.monotonic()
+    result = run("import time\ndef f(x):\n    time.sleep(60)", limits=SandboxLimits(wall_seconds=1.0))
+    assert result == SandboxResult(False, error="timed out after 1.0 s")
+    assert time.monotonic() - start < 5
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "def f(x):\n    return len(bytearray(10**10))",
+        "def f(x):\n    blocks = []\n    while True:\n        blocks.append(bytearray(10**6))",
+        "blocks = []\ndef f(x):\n    while True:\n        blocks.append(' ' * 10**6)",
+    ],
+)
+def test_memory_bombs_hit_the_memory_limit(source):
+    assert run(source) == SandboxResult(False, error="memory limit")
+
+
+def test_a_file_past_the_size_limit_is_refused():
+    source = "def f(x):\n    open('big', 'w').write('x' * 100_000)"
+    assert run(source, limits=SandboxLimits(file_size_kb=64)) == SandboxResult(False, error="file size limit")
+
+
+@pytest.mark.parametrize(
+    "source, module",
+    [
+        ("import os\ndef f(x):\n    while True:\n        os.fork()", "os"),
+        ("def f(x):\n    while True:\n        __import__('os').fork()", "os"),
+        ("def f(x):\n    while True:\n        __import__('posix').fork()", "posix"),
+    ],
+)
+def test_a_fork_bomb_cannot_import_os(source, module):
+    assert run(source) == SandboxResult(False, error=f"banned module '{module}'")
+
+
+@pytest.mark.parametrize(
+    "source, limits",
+    [
+        (GADGET + "def f(x):\n    while True:\n        OS['fork']()", DEFAULT_LIMITS),
+        (GADGET + "def f(x):\n    return OS['system']('true')", DEFAULT_LIMITS),
+        (GADGET + "def f(x):\n    return OS['posix_spawn']('/bin/true', ['true'], {})", DEFAULT_LIMITS),
+        ("import os\ndef f(x):\n    while True:\n        os.fork()", UNBANNED),
+        ("import subprocess\ndef f(x):\n    return subprocess.run(['true'])", UNBANNED),
+    ],
+)
+def test_starting_a_process_is_blocked_however_os_is_reached(source, limits):
+    assert run(source, limits=limits) == SandboxResult(False, error="blocked: starting a process")
+
+
+def test_sending_a_signal_to_the_trainer_is_blocked():
+    source = GADGET + "def f(x):\n    OS['kill'](OS['getppid'](), 9)"
+    assert run(source) == SandboxResult(False, error="blocked: sending a signal")
+
+
+def test_processes_the_task_may_start_do_not_outlive_it():
+    marker = f"0.{uuid.uuid4().int}"  # a unique extra fraction of a second to sleep, to find the process by
+    source = (
+        "import os\ndef f(x):\n    if os.fork() == 0:\n"
+        f"        os.execv('/bin/sleep', ['sleep', '60', {marker!r}])\n    return 1"
+    )
+    assert run(source, limits=SandboxLimits(processes=1, banned_modules=())) == SandboxResult(True, "1")
+    deadline = time.monotonic() + 5
+    while any(marker in _command_line(pid) for pid in os.listdir("/proc") if pid.isdigit()):
+        assert time.monotonic() < deadline, "the task's child outlived the run"
+        time.sleep(0.05)
+
+
+def _command_line(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def test_writing_outside_the_working_directory_is_blocked_and_inside_allowed():
+    escape = f"/tmp/sandbox_escape_{uuid.uuid4().hex}"
+    blocked = SandboxResult(False, error="blocked: writing outside the working directory")
+    assert run(f"def f(x):\n    open({escape!r}, 'w').write('x')") == blocked
+    assert run(f"def f(x):\n    open('../{os.path.basename(escape)}', 'w').write('x')") == blocked
+    assert run(GADGET + f"def f(x):\n    OS['open']({escape!r}, OS['O_WRONLY'] | OS['O_CREAT'])") == blocked
+    assert run(f"import os\ndef f(x):\n    os.rename('x', {escape!r})", limits=UNBANNED) == blocked
+    assert not os.path.exists(escape)
+    inside = "def f(x):\n    open('out.txt', 'w').write('hello')\n    return open('out.txt').read()"
+    assert run(inside) == SandboxResult(True, "'hello'")
+
+
+def test_the_working_directory_is_removed_afterwards():
+    result = run("import os\ndef f(x):\n    open('left.txt', 'w').close()\n    return os.getcwd()", limits=UNBANNED)
+    assert result.ok
+    assert not os.path.exists(ast.literal_eval(result.output))
+
+
+@pytest.mark.parametrize(
+    "source, error",
+    [
+        # The trainer's environment holds tokens; other files are no business of the task either.
+        ("def f(x):\n    return open(f'/proc/{x}/environ').read()", "blocked: reading outside the working directory"),
+        ("def f(x):\n    return open('/etc/passwd').read()", "blocked: reading outside the working directory"),
+        ("import os\ndef f(x):\n    os.symlink('/etc', 'etc')", "blocked: creating a symbolic link"),
+        ("import os\ndef f(x):\n    os.chdir('/')", "blocked: changing the working directory"),
+        (
+            "import os\ndef f(x):\n    os.open('x', os.O_WRONLY | os.O_CREAT)",
+            "blocked: os.open for writing with a relative path",
+        ),
+    ],
+)
+def test_other_file_escapes_are_blocked(source, error):
+    assert run(source, str(os.getpid()), UNBANNED) == SandboxResult(False, error=error)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import socket\ndef f(x):\n    socket.socket().connect(('127.0.0.1', 9))",
+        "def f(x):\n    __import__('socket').create_connection(('127.0.0.1', 9))",
+        "import socket\ndef f(x):\n    return socket.getaddrinfo('localhost', 80)",
+    ],
+)
+def test_the_network_is_blocked(source):
+    assert run(source) == SandboxResult(False, error="banned module 'socket'")
+    assert run(source, limits=UNBANNED) == SandboxResult(False, error="blocked: network")
+
+
+@pytest.mark.parametrize(
+    "source, module",
+    [
+        ("import subprocess\ndef f(x):\n    return 1", "subprocess"),
+        ("import importlib\ndef f(x):\n    return importlib.import_module('subprocess')", "importlib"),
+        ("from os import path\ndef f(x):\n    return 1", "os"),
+        ("def f(x):\n    return __import__('ctypes')", "ctypes"),
+        ("def f(x):\n    scope = {}\n    exec('import shutil', scope)", "shutil"),
+        # A str subclass that lies about its hash, equality and partition does not get past the ban.
+        (
+            "class S(str):\n    __hash__ = lambda self: 1\n    __eq__ = lambda self, other: False\n"
+            "    partition = lambda self, sep: ('math', '', '')\ndef f(x):\n    return __import__(S('socket'))",
+            "socket",
+        ),
+        # Past the guarded import, loading a banned module still fails: here the process module that
+        # subprocess needs.
+        (
+            GADGET + "def f(x):\n    return loaded('ModuleSpec').__init__.__globals__['_gcd_import'](x)",
+            "_posixsubprocess",
+        ),
+    ],
+)
+def test_banned_modules_cannot_be_imported(source, module):
+    assert run(source, repr(module)) == SandboxResult(False, error=f"banned module '{module}'")
+
+
+@pytest.mark.parametrize(
+    "source, error",
+    [
+        ("def f(x):\n    return f.__code__.replace(co_consts=(None,))", "blocked: building or loading bytecode"),
+        ("def f(x):\n    f.__code__ = (lambda y: y).__code__", "blocked: replacing a function's code"),
+        pytest.param(
+            "import _imp\ndef f(x):\n    return _imp.get_frozen_object('os', bytes([0xE9, 1, 0, 0, 0]))",
+            "blocked: building or loading bytecode",
+            marks=pytest.mark.skipif(sys.version_info < (3, 11), reason="takes marshalled data from Python 3.11"),
+        ),
+        (
+            "import marshal\ndef f(x):\n    return marshal.loads(bytes([0xE9, 1, 0, 0, 0]))",
+            "blocked: building or loading bytecode",
+        ),
+        ("import gc\ndef f(x):\n    return len(gc.get_objects())", "blocked: walking the heap"),
+        ("import sys\ndef f(x):\n    sys.settrace(None)", "blocked: tracing"),
+        (
+            "import resource\ndef f(x):\n    resource.setrlimit(resource.RLIMIT_CPU, (99, 99))",
+            "blocked: changing resource limits",
+        ),
+        pytest.param(
+            "import _xxsubinterpreters as s\ndef f(x):\n    s.create()",
+            "blocked: starting a subinterpreter",
+            marks=pytest.mark.skipif(not importlib.util.find_spec("_xxsubinterpreters"), reason="renamed in 3.13"),
+        ),
+        ("import ctypes\ndef f(x):\n    return ctypes.CDLL(None)", "blocked: ctypes"),
+    ],
+)
+def test_ways_around_the_audit_hook_are_blocked(source, error):
+    assert run(source, limits=UNBANNED) == SandboxResult(False, error=error)
+
+
+@pytest.mark.parametrize(
+    "source", ["def f(x):\n    return id(object())", "import random\ndef f(x):\n    return random.random()"]
+)
+def test_verify_rejects_nondeterministic_output(source):
+    assert verify(source, "f", "0") == SandboxResult(False, error="output is not deterministic")
+
+
+def test_verify_accepts_deterministic_output():
+    assert verify("def f(x):\n    return {'a': x, 'b': [x] * 2}", "f", "1") == SandboxResult(
+        True, "{'a': 1, 'b': [1, 1]}"
+    )
+
+
+def test_many_concurrent_verifications_finish_in_order_within_their_timeouts():
+    good = "def f(x):\n    return [i * i for i in range(x)]"
+    loop = "def f(x):\n    while True:\n        pass"
+    tasks = [(loop if i % 4 == 0 else good, "f", str(i)) for i in range(64)]
+    limits, workers = SandboxLimits(wall_seconds=3), 16
+    start = time.monotonic()
+    results = verify_many(tasks, limits, workers)
+    # Each worker verifies its share one after another, each verification at most two runs.
+    assert time.monotonic() - start < (len(tasks) / workers + 1) * 2 * limits.wall_seconds + 10
+    for i, result in enumerate(results):
+        if i % 4 == 0:
+            assert result.error in ("CPU time limit", "timed out after 3 s")
+        else:
+            assert result == SandboxResult(True, repr([j * j for j in range(i)]))
+
+
+def test_limits_must_be_positive():
+    with pytest.raises(UserError):
+        SandboxLimits(wall_seconds=0)
