@@ -140,3 +140,62 @@ def test_solver_turns_share_one_advantage_key():
 def test_bad_parameters_are_named(spec, message):
     with pytest.raises(UserError, match=message):
         make_env(spec)
+
+
+@pytest.fixture(scope="module")
+def python_domain():
+    from selfplay.roles.domains import Python
+    from selfplay.roles.sandbox import SandboxLimits
+
+    return Python(SandboxLimits(cpu_seconds=1, wall_seconds=3))
+
+
+DOUBLE = "def f(x):\n    return x * 2"
+
+
+def test_python_deduction_and_abduction_are_checked_by_running_the_code(python_domain):
+    task = python_domain.read_proposal(f"```python\n{DOUBLE}\n```\ninput: 3", "deduction")
+    assert task.answer == "6" and "f(3)" in task.statement
+    assert python_domain.check(task, "6") and not python_domain.check(task, "7")
+    assert not python_domain.readable(task, "six")
+    task = python_domain.read_proposal(f"{DOUBLE}\ninput: 'ab'", "abduction")
+    assert task.answer == "'abab'" and "'abab'" in task.statement and "'ab'" not in task.statement
+    assert python_domain.check(task, "'ab'") and not python_domain.check(task, "'a'")
+
+
+def test_python_induction_accepts_any_function_that_fits_every_pair(python_domain):
+    task = python_domain.read_proposal(f"{DOUBLE}\ninput: 1\ninput: 2\ninput: 5", "induction")
+    assert "f(5) = 10" in task.statement and "return" not in task.statement
+    assert python_domain.check(task, "def f(x):\n    return x + x")
+    assert not python_domain.check(task, "def f(x):\n    return x + 2")
+    assert not python_domain.readable(task, "x + x")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "def f(x):\n    while True:\n        pass\ninput: 1",  # runs out of time
+        "import os\ndef f(x):\n    return os.getcwd()\ninput: 1",  # a banned module
+        "def f(x):\n    return id(object())\ninput: 1",  # not deterministic
+        "def f(x):\n    return object\ninput: 1",  # an output that is not a literal
+        "def f(x):\n    return x",  # no input
+        "def f(x) return x\ninput: 1",  # does not parse
+        "def g(x):\n    return x\ninput: 1",  # no f
+    ],
+)
+def test_python_proposals_that_fail_to_parse_run_or_repeat_are_not_tasks(python_domain, text):
+    assert python_domain.read_proposal(text, "deduction") is None
+
+
+def test_python_seed_tasks_cover_every_task_type(python_domain):
+    tasks = python_domain.seed_tasks()
+    assert {t.task_type for t in tasks} == {"deduction", "abduction", "induction"} and len(tasks) == 12
+
+
+def test_a_python_game_through_the_environment():
+    env = make_env("proposer_solver(domain=python, task_type=deduction, attempts=2)")
+    env.reset(seed=0)
+    env.step(f"I will double it. <answer>\n{DOUBLE}\ninput: 21\n</answer>")
+    assert "f(21)" in env.observe("solver_0")["state"]
+    returns = play(env, ["<answer>42</answer>", "<answer>41</answer>"])
+    assert returns == {"proposer": 0.5, "solver_0": 1.0, "solver_1": 0.0}
