@@ -330,15 +330,12 @@ class Trainer:
     def _seat_players(self, matches: Sequence[MatchSpec]) -> dict:
         """Engine players for every label seated in `matches`: learning players' and snapshots'
         backends, and scripted agents by their specs."""
+        snapshots = {p.name for p in self.league.snapshots()} if self.league is not None else set()
         seated = {}
         for label in {label for match in matches for label in match.players}:
             if label in self.players:
                 seated[label] = self.players[label].backend
-            elif (
-                self.league is not None
-                and self.league.players.get(label, None) is not None
-                and (self.league.players[label].kind == "snapshot")
-            ):
+            elif label in snapshots:
                 seated[label] = self._frozen_backend(label)
             else:
                 seated[label] = label
