@@ -109,7 +109,7 @@ def test_entropy_bonus_is_logged_and_raises_the_entropy(tiny_model_dir, prompt):
     assert first["entropy"] == pytest.approx(before, rel=1e-4)
     # Reinforcing one response sharpens the policy; the bonus holds its entropy up.
     assert after[0.0] < before - 0.05
-    assert after[1.0] > after[0.0] + 0.05
+    assert after[1.0] > after[0.0] + 0.01
 
 
 def test_ppo_epochs_clip_the_ratio(tiny_model_dir, prompt):

@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 from selfplay.backends.hf_backend import HFBackend  # noqa: E402
 from selfplay.default_model import build_untrained  # noqa: E402
-from selfplay.games import make_env  # noqa: E402
+from selfplay.games import make_env, make_game  # noqa: E402
 from selfplay.games.registry import NATIVE_GAMES  # noqa: E402
 from selfplay.warm_start import (  # noqa: E402
     EOS_TOKEN,
@@ -42,10 +42,12 @@ def test_examples_are_well_formed_in_both_modes(tokenizer):
     decisions = random_legal_play(seed=3, multi_turn_share=0.5)
     examples = legal_play_examples(3, tokenizer, multi_turn_share=0.5, max_prompt_tokens=4096)
     seen = set()
+    formats = {name: make_game(name).answer_format for name in NATIVE_GAMES}
     for decision, (prompt, response) in itertools.islice(zip(decisions, examples), 300):
         seen.add((decision.game, decision.mode))
         assert response[-1] == eos and eos not in response[:-1]
-        assert tokenizer.decode(response[:-1]) == decision.answer == f"\\boxed{{{decision.move}}}"
+        answer_format = formats[decision.game]
+        assert tokenizer.decode(response[:-1]) == decision.answer == answer_format.wrap(decision.move)
         assert decision.move in decision.legal_moves
         text = tokenizer.decode(prompt)
         assert text.endswith(ASSISTANT_CUE)
@@ -57,7 +59,7 @@ def test_examples_are_well_formed_in_both_modes(tokenizer):
             assert [m["role"] for m in decision.messages] == ["system", "user"]
         else:
             assert replies and [m["role"] for m in decision.messages[-2:]] == ["assistant", "user"]
-            assert all(re.fullmatch(r"\\boxed\{[^{}]+\}", m["content"]) for m in replies)
+            assert all(answer_format.extract(m["content"]) for m in replies)
         listed = re.findall(r"Legal moves: (.*)", decision.messages[-1]["content"])
         if listed:
             assert decision.move in listed[-1].split(", ")
