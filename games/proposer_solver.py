@@ -33,7 +33,8 @@ class ProposerSolver(TextGame):
 
     Parameters: `domain` (arithmetic, python), `attempts` (solver seats, default 4), `task_type`
     (python: deduction, abduction or induction; default drawn per game), `proposer_reward`
-    (learnability, difficulty), `format_penalty` (default -1), `references` (buffer tasks shown).
+    (learnability, difficulty), `format_penalty` (default -1), `references` (buffer tasks shown),
+    `novel_only` (a task already in the buffer earns the proposer nothing).
     """
 
     observation_shape = (3,)
@@ -47,6 +48,7 @@ class ProposerSolver(TextGame):
         proposer_reward: str = "learnability",
         format_penalty: float = -1.0,
         references: int = 3,
+        novel_only: bool = False,
     ):
         if domain not in DOMAINS:
             raise UserError(f"proposer_solver: unknown domain '{domain}'; choose one of {', '.join(DOMAINS)}.")
@@ -68,7 +70,9 @@ class ProposerSolver(TextGame):
         self.references = references
         self.num_players = 1 + attempts
         self.agent_names = ("proposer", *(f"solver_{i}" for i in range(attempts)))
-        self.proposer_role = proposer(proposer_reward, format_penalty)
+        if not isinstance(novel_only, bool):
+            raise UserError(f"proposer_solver: novel_only must be true or false, got {novel_only!r}.")
+        self.proposer_role = proposer(proposer_reward, format_penalty, novel_only)
         self.solver_role = solver(format_penalty)
         self.roles = (self.proposer_role.name, *(self.solver_role.name,) * attempts)
         self.answer_format = self.domain.answer_format
@@ -88,6 +92,7 @@ class ProposerSolver(TextGame):
         self.shown = self.buffer.sample(rng, self.references, self.task_type)
         self.example_seed = int(rng.integers(2**31))
         self.proposed = False
+        self.novel = False
         self.task: Task | None = None
         self.results: list[bool | None] = []  # per solver: right, wrong, or unreadable (None)
 
@@ -117,6 +122,7 @@ class ProposerSolver(TextGame):
         if not self.proposed:
             self.proposed = True
             self.task = self.domain.read_proposal(move, self.task_type) if move != UNREADABLE else None
+            self.novel = self.task is not None and self.task not in self.buffer
             self.buffer.record(self.task)
         else:
             self.results.append(self.domain.check(self.task, move) if move != UNREADABLE else None)
@@ -128,11 +134,12 @@ class ProposerSolver(TextGame):
 
     def returns(self) -> list[float]:
         if self.task is None:
-            outcome = {"valid": 0.0, "success_rate": 0.0}
+            outcome = {"valid": 0.0, "novel": 0.0, "success_rate": 0.0}
             return [self.proposer_role.reward(outcome), *[0.0] * self.attempts]
         success = sum(bool(r) for r in self.results) / self.attempts
         solvers = [self.solver_role.reward({"readable": r is not None, "correct": bool(r)}) for r in self.results]
-        return [self.proposer_role.reward({"valid": 1.0, "success_rate": success}), *solvers]
+        outcome = {"valid": 1.0, "novel": float(self.novel), "success_rate": success}
+        return [self.proposer_role.reward(outcome), *solvers]
 
     # -- what each player sees -----------------------------------------------------------------
 

@@ -5,6 +5,8 @@ The proposer writes a task in a verifiable domain; each of N solver seats attemp
 - Proposer, `learnability` (Absolute Zero's): 1 - s when the solvers' success rate s is
   strictly between 0 and 1, else 0 (a task every attempt solves, or none does, teaches
   nothing); `difficulty`: 1 - s; `format_penalty` for a task that does not parse or run.
+  With `novel_only`, a task already in the task buffer earns the proposer 0: a counter to
+  proposers collapsing onto a few easy tasks.
 """
 
 from __future__ import annotations
@@ -30,12 +32,15 @@ def difficulty(success_rate: float) -> float:
 PROPOSER_REWARDS = {"learnability": learnability, "difficulty": difficulty}
 
 
-def proposer(reward: str = "learnability", format_penalty: float = -1.0) -> Role:
-    """The proposer role; its outcome names `valid` (the task parsed and ran) and `success_rate`."""
+def proposer(reward: str = "learnability", format_penalty: float = -1.0, novel_only: bool = False) -> Role:
+    """The proposer role; its outcome names `valid` (the task parsed and ran), `novel` (the
+    task buffer did not hold it) and `success_rate`."""
     scheme = PROPOSER_REWARDS[reward]
 
     def score(outcome: Outcome) -> float:
-        return scheme(outcome["success_rate"]) if outcome["valid"] else format_penalty
+        if not outcome["valid"]:
+            return format_penalty
+        return 0.0 if novel_only and not outcome["novel"] else scheme(outcome["success_rate"])
 
     return register(Role("proposer", PROPOSER_INSTRUCTIONS, score))
 

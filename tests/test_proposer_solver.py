@@ -71,6 +71,7 @@ def test_task_buffer_grows_with_new_valid_tasks_and_measures_diversity():
         "valid_rate": 0.75,
         "distinct_proposals": 2 / 3,
         "distinct_answers": 1 / 3,  # all three say 3
+        "new_to_buffer": 2 / 3,
     }
     assert buffer.metrics() == {"buffer_size": 6.0}  # figures are per reading
     shown = buffer.sample(np.random.default_rng(0), 3)
@@ -117,6 +118,16 @@ def test_tasks_every_solver_solves_teach_nothing():
         "solver_0": 1.0,
         "solver_1": 1.0,
     }
+
+
+@pytest.mark.parametrize("novel_only, task, again", [(False, "17 * 3 - 19 + 8", 0.5), (True, "17 * 3 - 18 + 7", 0.0)])
+def test_novel_only_pays_nothing_for_a_task_the_buffer_holds(novel_only, task, again):
+    env = make_env(f"proposer_solver(attempts=2, novel_only={str(novel_only).lower()})")
+    returns = []
+    for seed in (3, 4):  # the same task twice: new to the buffer, then held by it; one solver right
+        env.reset(seed=seed)
+        returns.append(play(env, [f"\\boxed{{{task}}}", "\\boxed{40}", "\\boxed{41}"])["proposer"])
+    assert returns == [0.5, again]
 
 
 def test_solver_turns_share_one_advantage_key():
