@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import yaml
 from tqdm import tqdm
+from transformers.utils import logging as transformers_logging
 
 from selfplay.advantages import advantage_stats, estimate
 from selfplay.agents import make_agent
@@ -173,6 +174,8 @@ class LearningPlayer:
 class Trainer:
     def __init__(self, config: TrainConfig, *, resume: bool = False, progress: bool = True):
         validate(config)
+        # Snapshots load as the league grows: transformers' loading bars would break the training bar.
+        transformers_logging.disable_progress_bar()
         self.config = config
         self.eval_pairings = eval_pairings(config) if config.eval.every else {}
         self.run_dir = Path(config.run_dir)
