@@ -86,6 +86,13 @@ def validate(config: TrainConfig) -> None:
         for spec in fixed:
             make_agent(spec, twin, seed=0)
     league = config.league
+    roles = {role for game in config.games for role in roles_of(game)}
+    for role in league.role_opponents:
+        if role not in roles:
+            raise UserError(
+                f"league.role_opponents names the role '{role}', which no game of this run has; its games' roles: "
+                f"{', '.join(sorted(roles))}."
+            )
     learning_players = 1 + league.main_exploiters + league.league_exploiters
     if league.enabled and 0 < league.population_cap < learning_players:
         raise UserError(

@@ -173,6 +173,9 @@ LEAGUE = [
 def test_population_rules_that_need_a_league_are_refused_without_one(tiny_model_dir, tmp_path):
     with pytest.raises(UserError, match="league.enabled"):
         Trainer(load_config(None, [f"model={tiny_model_dir}", "opponents={pfsp:hard: 1}"]), progress=False)
+    with pytest.raises(UserError, match="no game of this run has; its games' roles: player_0, player_1"):
+        load = ["league.enabled=true", "league.role_opponents={solver: {self: 1}}", f"run_dir={tmp_path}"]
+        Trainer(load_config(None, [f"model={tiny_model_dir}", *load]), progress=False)
     with pytest.raises(UserError, match="pfsp:hard, pfsp:variance"):
         load = ["league.enabled=true", "opponents={pfsp:soft: 1}", f"run_dir={tmp_path}"]
         Trainer(load_config(None, [f"model={tiny_model_dir}", *load]), progress=False)
