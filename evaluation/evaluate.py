@@ -27,7 +27,7 @@ import yaml
 from tqdm import tqdm
 
 from selfplay.backends import PolicyBackend
-from selfplay.checkpoint import STATE_FILE, list_checkpoints
+from selfplay.checkpoint import STATE_FILE, checkpoint_step, list_checkpoints
 from selfplay.errors import UserError
 from selfplay.evaluation.exploitability import SUPPORTED_GAMES
 from selfplay.evaluation.ratings import fit_elo
@@ -131,11 +131,7 @@ def _snapshot_candidate(path: Path) -> Candidate:
 
 
 def _checkpoint_candidate(path: Path) -> Candidate:
-    try:
-        step = int(json.loads((path / STATE_FILE).read_text())["step"])
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise UserError(f"Checkpoint '{path}' has an unreadable {STATE_FILE} ({err}); it may be corrupt.") from None
-    return Candidate(f"{path.parent.parent.name}/{path.name}", str(path), step)
+    return Candidate(f"{path.parent.parent.name}/{path.name}", str(path), checkpoint_step(path))
 
 
 def load_suite(name: str) -> dict:

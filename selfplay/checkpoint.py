@@ -73,6 +73,14 @@ def latest_checkpoint(run_dir: str | Path) -> Path:
     return checkpoints[-1]
 
 
+def checkpoint_step(path: Path) -> int:
+    """The step a checkpoint was written at, read from its trainer state."""
+    try:
+        return int(json.loads((Path(path) / STATE_FILE).read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise UserError(f"Checkpoint '{path}' has an unreadable {STATE_FILE} ({err}); it may be corrupt.") from None
+
+
 def load_checkpoint(path: Path, learner) -> dict:
     """Restore the optimizer and random states into `learner` and the process; returns the
     trainer state. (The policy weights are loaded when the learner is built from `path`.)"""

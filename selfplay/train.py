@@ -15,7 +15,6 @@ state), so a run resumed after a crash replays the steps it lost exactly as they
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
 from collections import Counter, defaultdict
@@ -32,7 +31,7 @@ from transformers.utils import logging as transformers_logging
 from selfplay.advantages import advantage_stats, estimate
 from selfplay.agents import make_agent
 from selfplay.backends import PolicyBackend, SamplingSettings, make_backend
-from selfplay.checkpoint import STATE_FILE, latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from selfplay.checkpoint import checkpoint_step, latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from selfplay.config import TrainConfig, config_to_dict, load_config
 from selfplay.default_model import resolve_model
 from selfplay.errors import UserError
@@ -196,7 +195,7 @@ class Trainer:
                 f"'{self.run_dir}' already holds checkpoints. Continue it with `selfplay train --resume "
                 f"{self.run_dir}`, or choose another run_dir."
             )
-        self.step = int(json.loads((checkpoint / STATE_FILE).read_text())["step"]) if checkpoint else 0
+        self.step = checkpoint_step(checkpoint) if checkpoint else 0
         if checkpoint is None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / CONFIG_FILE).write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))

@@ -213,27 +213,17 @@ def league_meta_strategy(run_dir: str | Path, game: str) -> str:
     main player's latest checkpoint in `game` (exact payoffs between their policies, each read
     from the model by the exploitability probe), with the exploitability of the mixture and of
     each policy alone."""
-    import torch
-    from safetensors.torch import load_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from selfplay.checkpoint import latest_checkpoint
+    from selfplay.evaluation.evaluate import find_candidates
     from selfplay.evaluation.exploitability import move_probabilities
     from selfplay.evaluation.meta_strategy import meta_strategy
 
     with open_league(run_dir) as store:
-        snapshots = [p for p in store.players() if p.kind == "snapshot" and p.active]
-    checkpoint = latest_checkpoint(run_dir)
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+        snapshots = [str(Path(run_dir) / p.weights) for p in store.players() if p.kind == "snapshot" and p.active]
     policies = {}
-    with torch.no_grad():
-        # The checkpoint gives the architecture and tokenizer the run used.
-        network = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
-        for snapshot in snapshots:
-            load_model(network, str(Path(run_dir) / snapshot.weights))
-            policies[snapshot.name] = move_probabilities(network, tokenizer, game)
-        latest = f"main ({checkpoint.name})"
-        policies[latest] = move_probabilities(AutoModelForCausalLM.from_pretrained(checkpoint), tokenizer, game)
+    for candidate in find_candidates([*snapshots, str(latest_checkpoint(run_dir))]):
+        model, tokenizer = candidate.network()
+        policies[candidate.name] = move_probabilities(model, tokenizer, game)
     meta = meta_strategy(game, policies)
     body = [(name, f"{w:.3f}", f"{e:.4f}") for name, w, e in zip(meta.names, meta.weights, meta.exploitabilities)]
     body.append(("Nash mixture", "", f"{meta.exploitability:.4f}"))
