@@ -1,0 +1,195 @@
+"""What can selfplay's training algorithm reach in a budget of games, with a policy that tells
+every state apart?
+
+The policy here is a table: one row of logits per state (Kuhn Poker: information state;
+TicTacToe: board), illegal moves masked, so nothing it learns in one state disturbs another.
+It is trained the way `selfplay train` trains a language model: each step plays
+`--games-per-step` games against opponents drawn from `--opponents` (`self`, `random`), turns
+become `Trajectory` records, advantages come from selfplay's own estimator
+(`selfplay.advantages.estimate`), and the loss is the on-policy policy gradient with the
+learner's token-mean aggregation, an optional KL penalty to the initial policy (the learner's
+k3 estimate), gradient clipping at 1 and Adam.
+
+It measures what issue-style targets ask of the language model:
+- kuhn_poker: exact exploitability (OpenSpiel); uniform play is 0.458;
+- tic_tac_toe: the non-loss rate against `random`, both seats (`--eval-games` sampled games).
+
+A language-model policy pays for the same games with far more compute and must also learn to
+read the state, so at the same number of games these figures bound what
+`benchmarks/train_targets.py` shows, apart from what a model generalises across states.
+
+    python benchmarks/tabular_ceiling.py kuhn_poker --steps 300 --games-per-step 128 --lr 0.01 0.03 --kl 0 0.2
+    python benchmarks/tabular_ceiling.py tic_tac_toe --steps 130 --games-per-step 64 --opponents self random
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+
+import numpy as np
+import pyspiel
+import torch
+from open_spiel.python import policy as openspiel_policy
+from open_spiel.python.algorithms.exploitability import exploitability
+
+from selfplay.advantages import estimate
+from selfplay.records import MatchResult, Trajectory, Turn
+
+
+def perfect_information(game) -> bool:
+    return game.get_type().information == pyspiel.GameType.Information.PERFECT_INFORMATION
+
+
+def state_key(state, seat: int) -> str:
+    """What the policy conditions on: the board, or the mover's information state."""
+    if perfect_information(state.get_game()):
+        return state.observation_string(seat)
+    return state.information_state_string(seat)
+
+
+class Table:
+    """Logits for every decision state of `game`, illegal moves masked out."""
+
+    def __init__(self, game, tilt: float, generator: torch.Generator):
+        self.game = game
+        self.index: dict[str, int] = {}
+        masks = []
+        seen = set()
+        frontier = [game.new_initial_state()]
+        while frontier:
+            state = frontier.pop()
+            if state.is_terminal() or str(state) in seen:  # a TicTacToe board is reached by many move orders
+                continue
+            seen.add(str(state))
+            if not state.is_chance_node():
+                key = state_key(state, state.current_player())
+                if key not in self.index:
+                    self.index[key] = len(masks)
+                    masks.append(state.legal_actions_mask())
+            frontier.extend(state.child(action) for action in state.legal_actions())
+        self.legal = torch.tensor(masks, dtype=torch.bool)
+        self.logits = (tilt * torch.randn(self.legal.shape, generator=generator)).requires_grad_()
+
+    def log_probs(self) -> torch.Tensor:
+        return torch.log_softmax(self.logits.masked_fill(~self.legal, -torch.inf), dim=-1)
+
+    def probs(self) -> np.ndarray:
+        return self.log_probs().detach().exp().numpy()
+
+
+def play(table: Table, opponent: str, learner_seat: int, seed: int, rng: np.random.Generator):
+    """One game: its Trajectory (the learner's turns only) and the (row, action) of each turn."""
+    game = table.game
+    state = game.new_initial_state()
+    probs = table.probs()
+    turns, choices = [], []
+    while not state.is_terminal():
+        if state.is_chance_node():
+            outcomes, chances = zip(*state.chance_outcomes())
+            state.apply_action(int(rng.choice(outcomes, p=chances)))
+            continue
+        seat = state.current_player()
+        if opponent == "random" and seat != learner_seat:
+            state.apply_action(int(rng.choice(state.legal_actions())))
+            continue
+        row = table.index[state_key(state, seat)]
+        action = int(rng.choice(len(probs[row]), p=probs[row]))
+        role = f"player_{seat}"
+        turns.append(
+            Turn(game.get_type().short_name, seed, seat, role, role, 0, (), (action,), (), "", "stop", False, 0)
+        )
+        choices.append((row, action))
+        state.apply_action(action)
+    players = (
+        ("self", "self") if opponent == "self" else tuple("self" if s == learner_seat else "random" for s in (0, 1))
+    )
+    result = MatchResult(
+        game.get_type().short_name, seed, players, tuple(state.returns()), (0, 0), len(turns), "game_over"
+    )
+    return Trajectory(result, tuple(turns)), choices
+
+
+def score(table: Table, eval_games: int, rng: np.random.Generator) -> float:
+    """Exploitability (imperfect-information games), else the non-loss rate against random."""
+    game = table.game
+    if not perfect_information(game):
+        policy = openspiel_policy.TabularPolicy(game)
+        probs = table.probs()
+        for key, row in policy.state_lookup.items():
+            policy.action_probability_array[row] = probs[table.index[key]]
+        return exploitability(game, policy)
+    results = [play(table, "random", g % 2, g, rng)[0].result for g in range(eval_games)]
+    return statistics.mean(r.rewards[r.players.index("self")] >= 0 for r in results)
+
+
+def train(game, args, lr: float, kl_coef: float, estimator: str, seed: int) -> list[tuple[int, float]]:
+    """The score after every `args.every` steps of training from a fresh table."""
+    generator = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    table = Table(game, args.tilt, generator)
+    reference = table.log_probs().detach()
+    optimizer = torch.optim.Adam([table.logits], lr=lr)
+    baselines: dict = {}
+    curve = [(0, score(table, args.eval_games, rng))]
+    for step in range(1, args.steps + 1):
+        played = []
+        for g in range(args.games_per_step):
+            opponent = args.opponents[int(rng.integers(len(args.opponents)))]
+            played.append(play(table, opponent, g % 2, step * args.games_per_step + g, rng))
+        advantages, baselines = estimate(estimator, [t for t, _ in played], baselines)
+        rows, actions, weights = [], [], []
+        for (_, choices), advantage in zip(played, advantages):
+            for (row, action), value in zip(choices, advantage):
+                rows.append(row)
+                actions.append(action)
+                weights.append(value)
+        logp = table.log_probs()[rows, actions]
+        loss = -(torch.tensor(weights) * logp).mean()
+        if kl_coef:
+            log_ratio = reference[rows, actions] - logp
+            loss = loss + kl_coef * (torch.exp(log_ratio) - log_ratio - 1).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([table.logits], 1.0)
+        optimizer.step()
+        if step % args.every == 0:
+            curve.append((step, score(table, args.eval_games, rng)))
+    return curve
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("game", choices=["kuhn_poker", "tic_tac_toe"])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--games-per-step", type=int, default=128)
+    parser.add_argument("--opponents", nargs="+", choices=["self", "random"], default=["self"])
+    parser.add_argument("--lr", type=float, nargs="+", default=[0.01, 0.03])
+    parser.add_argument("--kl", type=float, nargs="+", default=[0.0, 0.2])
+    parser.add_argument("--estimator", nargs="+", default=["rae"])
+    parser.add_argument("--tilt", type=float, default=0.0, help="spread of the initial policy's random preferences")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--every", type=int, default=50)
+    parser.add_argument("--eval-games", type=int, default=1000, help="games against random per measurement")
+    args = parser.parse_args()
+    game = pyspiel.load_game(args.game)
+    metric = "non-loss vs random" if perfect_information(game) else "exploitability"
+    print(
+        f"{args.game}: {args.steps} steps x {args.games_per_step} games = {args.steps * args.games_per_step} games "
+        f"per run against {'/'.join(args.opponents)}; initial tilt {args.tilt}; {metric} (mean over seeds)"
+    )
+    for estimator, lr, kl_coef in itertools.product(args.estimator, args.lr, args.kl):
+        curves = [train(game, args, lr, kl_coef, estimator, seed) for seed in range(args.seeds)]
+        by_step = [statistics.mean(c[i][1] for c in curves) for i in range(len(curves[0]))]
+        finals = [c[-1][1] for c in curves]
+        shown = " ".join(f"{step}:{value:.3f}" for (step, _), value in zip(curves[0], by_step))
+        print(
+            f"{estimator:6} lr {lr:<6g} kl {kl_coef:<5g} | {shown} | final mean {statistics.mean(finals):.3f} "
+            f"min {min(finals):.3f} max {max(finals):.3f}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
