@@ -418,12 +418,21 @@ def report(model_dir: str | Path, n: int = 200, seed: int = 0, games: Sequence[s
     return rows
 
 
+def _game_weight(text: str) -> tuple[str, float]:
+    name, _, weight = text.partition("=")
+    return name, float(weight or 1.0)
+
+
 if __name__ == "__main__":
     import argparse
 
     parser = argparse.ArgumentParser(description="Warm-start a model on random legal play, or measure one.")
     parser.add_argument("model_dir")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--untrained", action="store_true", help="first write an untrained default model to model_dir")
+    parser.add_argument(
+        "--games", nargs="+", type=_game_weight, default=None, help="GAME=WEIGHT ... (default: the default model's mix)"
+    )
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--batch-size", type=int, default=BATCH_SIZE)
     parser.add_argument("--lr", type=float, default=LR)
@@ -431,11 +440,20 @@ if __name__ == "__main__":
     parser.add_argument("--measure-only", action="store_true")
     parser.add_argument("--n", type=int, default=200)
     args = parser.parse_args()
+    games = dict(args.games) if args.games else None
     target = args.model_dir
+    if args.untrained:
+        build_untrained(Path(args.model_dir), seed=args.seed)
     if not args.measure_only:
         result = warm_start(
-            args.model_dir, args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed
+            args.model_dir,
+            args.out,
+            steps=args.steps,
+            batch_size=args.batch_size,
+            lr=args.lr,
+            seed=args.seed,
+            games=games,
         )
         print(f"trained in {result['seconds']:.1f}s, final loss {sum(result['losses'][-20:]) / 20:.4f}")
         target = args.out or args.model_dir
-    print(json.dumps(report(target, n=args.n), indent=1))
+    print(json.dumps(report(target, n=args.n, games=list(games) if games else None), indent=1))
