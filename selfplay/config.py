@@ -52,6 +52,10 @@ class LoraConfig:
 class LearnerConfig:
     loss: Literal["ppo", "reinforce"] = "ppo"
     lr: float = 1e-5
+    # The learning rate over the run: constant, or decaying to 0 across `steps`, linearly or on a
+    # cosine, after `warmup_steps` of linear warm-up. A run stopped by max_minutes stops mid-decay.
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = 0
     weight_decay: float = 0.0
     epochs: int = 1  # passes over each step's samples
     minibatches: int = 1  # optimizer steps per epoch

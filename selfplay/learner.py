@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,13 +91,16 @@ class Learner:
 
     # -- the update ----------------------------------------------------------------------------
 
-    def update(self, samples: Sequence[Sample]) -> dict[str, float]:
-        """One learning step on `samples`: `epochs` passes of `minibatches` optimizer steps.
-        Returns the statistics TensorBoard shows (means over all tokens of the step)."""
+    def update(self, samples: Sequence[Sample], lr: float | None = None) -> dict[str, float]:
+        """One learning step on `samples`: `epochs` passes of `minibatches` optimizer steps, at
+        learning rate `lr` (`config.lr` if None; see `scheduled_lr`). Returns the statistics
+        TensorBoard shows (means over all tokens of the step)."""
         samples = [s for s in samples if s.response_ids]
         if not samples:
             return {}
         config = self.config
+        for group in self.optimizer.param_groups:
+            group["lr"] = config.lr if lr is None else lr
         reused = config.epochs * config.minibatches > 1
         # PPO needs the pre-update log-probs only when samples are seen after a first step.
         old = self._logprobs(samples, grad=False) if reused else None
@@ -109,6 +113,7 @@ class Learner:
         stats = {name: sum(step[name] for step in steps) / len(steps) for name in steps[0]}
         stats["ratio_max"] = max(step["ratio_max"] for step in steps)
         stats["tokens"] = sum(len(s.response_ids) for s in samples)
+        stats["lr"] = self.optimizer.param_groups[0]["lr"]
         return stats
 
     def _minibatch_step(self, samples, indices, old, reference) -> dict[str, float]:
@@ -256,6 +261,19 @@ class Learner:
         self.tokenizer.save_pretrained(directory)
         if self.lora:
             self.model.save_pretrained(directory / "adapter")
+
+
+def scheduled_lr(config: LearnerConfig, step: int, total_steps: int) -> float:
+    """The learning rate of update `step` (counted from 1) in a run of `total_steps` updates:
+    linear warm-up over `config.warmup_steps`, then `config.lr_schedule` from `config.lr`
+    towards 0 (the last update gets lr / decay steps under "linear")."""
+    if step <= config.warmup_steps:
+        return config.lr * step / config.warmup_steps
+    if config.lr_schedule == "constant":
+        return config.lr
+    done = (step - 1 - config.warmup_steps) / max(1, total_steps - config.warmup_steps)
+    factor = 1.0 - done if config.lr_schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * done))
+    return config.lr * factor
 
 
 def _sharing_weights(model: torch.nn.Module) -> torch.nn.Module:

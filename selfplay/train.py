@@ -42,7 +42,7 @@ from selfplay.league.manager import League, ScheduledMatch, initial_players, rol
 from selfplay.league.matchmaking import SELF, is_fixed, rule_error, schedule_matches
 from selfplay.league.population import snapshot_name
 from selfplay.league.store import LEAGUE_FILE, LeagueStore
-from selfplay.learner import Learner, Sample
+from selfplay.learner import Learner, Sample, scheduled_lr
 from selfplay.records import Trajectory
 from selfplay.roles.base import advantage_key
 from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
@@ -418,7 +418,8 @@ class Trainer:
             ]
             stats = rollout_metrics(owned, name)
             stats.update({f"advantage/{k}": v for k, v in advantage_stats(advantages).items()})
-            stats.update({f"learner/{k}": v for k, v in player.learner.update(samples).items()})
+            lr = scheduled_lr(player.learner.config, self.step, config.steps)
+            stats.update({f"learner/{k}": v for k, v in player.learner.update(samples, lr).items()})
             synced = time.perf_counter()
             self._sync(player)
             sync_s += time.perf_counter() - synced

@@ -12,7 +12,7 @@ from selfplay.backends import SamplingSettings
 from selfplay.backends.hf_backend import HFBackend
 from selfplay.config import LearnerConfig, LoraConfig
 from selfplay.games import make_env
-from selfplay.learner import Learner, Sample
+from selfplay.learner import Learner, Sample, scheduled_lr
 from selfplay.prompts import opening_messages, prompt_ids
 from selfplay.scoring import response_logprobs
 
@@ -179,3 +179,38 @@ def test_lora_learners_share_one_frozen_base_and_generate_from_it(tiny_model_dir
     copied.load_weights(first.export_weights(tmp_path / "first.safetensors"), version=1)
     assert shared.generate([prompt], sampling)[0].token_ids == copied.generate([prompt], sampling)[0].token_ids
     assert first.model.training  # generating left the learner in training mode
+
+
+@pytest.mark.parametrize(
+    "schedule, warmup, expected",
+    [
+        ("constant", 0, [1.0, 1.0, 1.0, 1.0, 1.0]),
+        ("linear", 0, [1.0, 0.8, 0.6, 0.4, 0.2]),
+        ("linear", 1, [1.0, 1.0, 0.75, 0.5, 0.25]),
+        (
+            "cosine",
+            0,
+            [
+                1.0,
+                0.5 * (1 + math.cos(math.pi / 5)),
+                0.5 * (1 + math.cos(2 * math.pi / 5)),
+                0.5 * (1 + math.cos(3 * math.pi / 5)),
+                0.5 * (1 + math.cos(4 * math.pi / 5)),
+            ],
+        ),
+        ("constant", 2, [0.5, 1.0, 1.0, 1.0, 1.0]),
+    ],
+)
+def test_learning_rate_schedules(schedule, warmup, expected):
+    config = LearnerConfig(lr=2.0, lr_schedule=schedule, warmup_steps=warmup)
+    assert [scheduled_lr(config, step, 5) for step in range(1, 6)] == pytest.approx([2.0 * e for e in expected])
+
+
+def test_update_runs_at_the_given_learning_rate(tiny_model_dir, prompt):
+    learner = Learner(tiny_model_dir, LearnerConfig(lr=1e-3))
+    response = [5, 6, 7]
+    assert learner.update([sampled(learner, prompt, response, 1.0)], lr=0.0)["lr"] == 0.0
+    before = total_logprob(learner, prompt, response)
+    learner.update([sampled(learner, prompt, response, 1.0)], lr=0.0)
+    assert total_logprob(learner, prompt, response) == pytest.approx(before)  # lr 0 moves nothing
+    assert learner.update([sampled(learner, prompt, response, 1.0)])["lr"] == 1e-3
