@@ -88,9 +88,12 @@ def tilted_probs(state: str, n_moves: int, seed: int, tilt: float = TILT) -> lis
 
 
 def random_legal_play(
-    seed: int = 0, games: Sequence[str] | None = None, multi_turn_share: float = MULTI_TURN_SHARE
+    seed: int = 0,
+    games: Sequence[str] | None = None,
+    multi_turn_share: float = MULTI_TURN_SHARE,
+    tilt: float = TILT,
 ) -> Iterator[Decision]:
-    """Endless decisions of tilted random legal players (`tilted_probs`), cycling through
+    """Endless decisions of tilted random legal players (`tilted_probs` with `tilt`), cycling through
     `games` (every native game by default) one move at a time so each game gets an equal share.
 
     Each player's chat is kept for the whole episode; a decision is shown as a multi-turn chat
@@ -123,7 +126,7 @@ def random_legal_play(
             else:
                 chat.extend(opening_messages(observation))
             legal = tuple(env.legal_moves())
-            probs = tuple(tilted_probs(observation["state"], len(legal), seed))
+            probs = tuple(tilted_probs(observation["state"], len(legal), seed, tilt))
             move = rng.choices(legal, weights=probs)[0]
             answer = env.answer(move)
             messages = list(chat) if multi else opening_messages(observation)
@@ -183,12 +186,12 @@ def policy_targets(response: list[int], legal_responses: list[list[int]], probs:
 
 
 def _training_examples(
-    seed: int, tokenizer, games: Sequence[str], max_prompt_tokens: int = MAX_PROMPT_TOKENS
+    seed: int, tokenizer, games: Sequence[str], tilt: float = TILT, max_prompt_tokens: int = MAX_PROMPT_TOKENS
 ) -> Iterator[tuple[list[int], list[int], SoftTargets]]:
     """`legal_play_examples` with the random legal player's distribution at every response token."""
     eos = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     encoded: dict[str, list[int]] = {}  # answers recur (a game has few distinct moves)
-    for decision in random_legal_play(seed, games):
+    for decision in random_legal_play(seed, games, tilt=tilt):
         prompt, response = _encode(decision, tokenizer, eos, max_prompt_tokens)
         new = [a for a in decision.legal_answers if a not in encoded]
         if new:
@@ -201,7 +204,7 @@ def _training_examples(
 # -- supervised fine-tuning ---------------------------------------------------------------------
 
 
-def _batches(seed: int, tokenizer, batch_size: int, games: dict[str, float], pool: int = 256):
+def _batches(seed: int, tokenizer, batch_size: int, games: dict[str, float], tilt: float, pool: int = 256):
     """Endless batches, each of one game (so its prompts share the rules as a prefix), games
     drawn in proportion to `games`' weights. Batches are sized by tokens: about `batch_size`
     examples of `EXAMPLE_TOKENS` tokens each, so games with short prompts get more examples
@@ -209,7 +212,7 @@ def _batches(seed: int, tokenizer, batch_size: int, games: dict[str, float], poo
     are sorted by length and cut into batches, so little compute goes on padding."""
     names = list(games)
     rng = random.Random(seed)
-    streams = {name: _training_examples(seed * 1000 + i, tokenizer, [name]) for i, name in enumerate(names)}
+    streams = {name: _training_examples(seed * 1000 + i, tokenizer, [name], tilt) for i, name in enumerate(names)}
     queued: dict[str, list] = {name: [] for name in names}
     budget = batch_size * EXAMPLE_TOKENS
     while True:
@@ -262,11 +265,13 @@ def warm_start(
     max_grad_norm: float = 1.0,
     seed: int = 0,
     games: dict[str, float] | None = None,
+    tilt: float = TILT,
     progress: bool = True,
 ) -> dict:
     """Fine-tune the model in `model_dir` on random legal play (loss on response tokens only):
-    AdamW, linear warm-up then cosine decay to a tenth of `lr`, gradient clipping. The same
-    seed gives the same weights. Saves a Hugging Face model directory (safetensors and
+    AdamW, linear warm-up then cosine decay to a tenth of `lr`, gradient clipping; `tilt` is
+    the random player's spread (`tilted_probs`; 0 imitates a uniform player). The same seed
+    gives the same weights. Saves a Hugging Face model directory (safetensors and
     tokenizer) to `out_dir`, or back to `model_dir`; returns the losses and the time taken."""
     import torch
     from tqdm import tqdm
@@ -297,7 +302,7 @@ def warm_start(
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     weights = dict(GAME_WEIGHTS) if games is None else dict(games)
-    batches = _batches(seed, tokenizer, batch_size, weights)
+    batches = _batches(seed, tokenizer, batch_size, weights, tilt)
 
     losses = []
     bar = tqdm(range(steps), desc="warm start", unit="step", disable=not progress)
@@ -436,6 +441,7 @@ if __name__ == "__main__":
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--batch-size", type=int, default=BATCH_SIZE)
     parser.add_argument("--lr", type=float, default=LR)
+    parser.add_argument("--tilt", type=float, default=TILT, help="the random player's spread; 0 is uniform")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--measure-only", action="store_true")
     parser.add_argument("--n", type=int, default=200)
@@ -453,6 +459,7 @@ if __name__ == "__main__":
             lr=args.lr,
             seed=args.seed,
             games=games,
+            tilt=args.tilt,
         )
         print(f"trained in {result['seconds']:.1f}s, final loss {sum(result['losses'][-20:]) / 20:.4f}")
         target = args.out or args.model_dir

@@ -113,6 +113,8 @@ def test_the_random_player_prefers_moves_by_state():
             bets.setdefault(d.messages[-1]["content"], []).append(d.move == "bet")
     openings = [sum(v) / len(v) for v in bets.values()]
     assert len(openings) == 3 and max(openings) - min(openings) > 0.2
+    uniform = itertools.islice(random_legal_play(seed=0, games=["kuhn_poker"], tilt=0.0), 50)
+    assert all(d.move_probs == pytest.approx([1 / len(d.legal_moves)] * len(d.legal_moves)) for d in uniform)
 
 
 def test_warm_start_lowers_the_loss_and_saves_a_loadable_model(untrained, tmp_path):
