@@ -8,7 +8,8 @@ policy before and after:
     python benchmarks/train_targets.py configs/tictactoe.yaml --minutes 20
     python benchmarks/train_targets.py configs/kuhn_poker.yaml --minutes 20 [key=value ...]
 
-The run stops after --minutes of training, or sooner at `steps=N` if the overrides give it.
+The run stops after --minutes of training or at the config's `steps`, whichever comes first
+(a learning-rate schedule decays across `steps`).
 """
 
 from __future__ import annotations
@@ -67,9 +68,7 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=20.0, help="training wall-time budget")
     parser.add_argument("--episodes", type=int, default=400, help="evaluation games per game (seats alternate)")
     args = parser.parse_args()
-    # The time budget ends the run unless the overrides name a number of steps (which a
-    # learning-rate schedule decays across).
-    config = load_config(args.config, ["steps=100000", *args.overrides, f"max_minutes={args.minutes}"])
+    config = load_config(args.config, [*args.overrides, f"max_minutes={args.minutes}"])
     sampling = SamplingSettings(max_new_tokens=config.rollout.max_new_tokens, temperature=config.rollout.temperature)
     games = list(config.games)
     before_dir = resolve_model(config.model)
