@@ -31,10 +31,9 @@ import statistics
 import numpy as np
 import pyspiel
 import torch
-from open_spiel.python import policy as openspiel_policy
-from open_spiel.python.algorithms.exploitability import exploitability
 
 from selfplay.advantages import estimate
+from selfplay.evaluation.exploitability import exploitability_of
 from selfplay.records import MatchResult, Trajectory, Turn
 
 
@@ -79,11 +78,11 @@ class Table:
         return self.log_probs().detach().exp().numpy()
 
 
-def play(table: Table, opponent: str, learner_seat: int, seed: int, rng: np.random.Generator):
-    """One game: its Trajectory (the learner's turns only) and the (row, action) of each turn."""
+def play(table: Table, probs: np.ndarray, opponent: str, learner_seat: int, seed: int, rng: np.random.Generator):
+    """One game with the table's `probs`: its Trajectory (the learner's turns only) and the
+    (row, action) of each turn."""
     game = table.game
     state = game.new_initial_state()
-    probs = table.probs()
     turns, choices = [], []
     while not state.is_terminal():
         if state.is_chance_node():
@@ -114,13 +113,11 @@ def play(table: Table, opponent: str, learner_seat: int, seed: int, rng: np.rand
 def score(table: Table, eval_games: int, rng: np.random.Generator) -> float:
     """Exploitability (imperfect-information games), else the non-loss rate against random."""
     game = table.game
+    probs = table.probs()
     if not perfect_information(game):
-        policy = openspiel_policy.TabularPolicy(game)
-        probs = table.probs()
-        for key, row in policy.state_lookup.items():
-            policy.action_probability_array[row] = probs[table.index[key]]
-        return exploitability(game, policy)
-    results = [play(table, "random", g % 2, g, rng)[0].result for g in range(eval_games)]
+        by_state = {key: dict(enumerate(probs[row].tolist())) for key, row in table.index.items()}
+        return exploitability_of(game.get_type().short_name, by_state)
+    results = [play(table, probs, "random", g % 2, g, rng)[0].result for g in range(eval_games)]
     return statistics.mean(r.rewards[r.players.index("self")] >= 0 for r in results)
 
 
@@ -135,9 +132,10 @@ def train(game, args, lr: float, kl_coef: float, estimator: str, seed: int) -> l
     curve = [(0, score(table, args.eval_games, rng))]
     for step in range(1, args.steps + 1):
         played = []
+        probs = table.probs()
         for g in range(args.games_per_step):
             opponent = args.opponents[int(rng.integers(len(args.opponents)))]
-            played.append(play(table, opponent, g % 2, step * args.games_per_step + g, rng))
+            played.append(play(table, probs, opponent, g % 2, step * args.games_per_step + g, rng))
         advantages, baselines = estimate(estimator, [t for t, _ in played], baselines)
         rows, actions, weights = [], [], []
         for (_, choices), advantage in zip(played, advantages):
