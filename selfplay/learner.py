@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,55 +126,65 @@ class Learner:
         else:  # token_sum over a fixed length
             weights = [1.0 / (self.token_sum_length * len(indices))] * len(indices)
         weight_of = dict(zip(indices, weights))
-        sums = dict.fromkeys(("loss", "clip_fraction", "kl", "entropy", "ratio", "ratio_max", "ratio_clipped"), 0.0)
+        copies = _copies(samples, indices)
+        sums = dict.fromkeys(("loss", "clip_fraction", "kl", "entropy", "ratio", "ratio_clipped"), 0.0)
+        ratio_max = 0.0
         tokens = 0
         self.optimizer.zero_grad(set_to_none=True)
-        for chunk in _micro_batches(indices, samples, config.micro_batch_tokens):
+        for chunk in _micro_batches(list(copies), samples, config.micro_batch_tokens):
             batch = [samples[i] for i in chunk]
             with self._autocast():
                 logprobs, entropies = response_logprobs_and_entropy(
                     self.model, [s.prompt_ids for s in batch], [s.response_ids for s in batch], self.temperature
                 )
-            loss = 0.0
-            for sample_index, sample, logp, entropy in zip(chunk, batch, logprobs, entropies):
-                weight = weight_of[sample_index]
-                logp = logp.float()
-                before = old[sample_index] if old is not None else logp.detach()
-                sampler = torch.tensor(sample.sampler_logprobs, device=logp.device)
-                ratio_to_sampler = torch.exp(before - sampler)
-                importance = (
-                    ratio_to_sampler.clamp(max=config.importance_clip)
-                    if config.importance_clip is not None
-                    else ratio_to_sampler
-                )
-                advantage = sample.advantage
-                if config.loss == "ppo":
-                    ratio = torch.exp(logp - before)
-                    clipped = ratio.clamp(1 - config.clip, 1 + config.clip)
-                    surrogate = torch.minimum(ratio * advantage, clipped * advantage)
-                    sums["clip_fraction"] += ((ratio - clipped).abs() > 1e-6).float().sum().item()
-                else:
-                    surrogate = logp * advantage
-                token_loss = -importance * surrogate - config.entropy_coef * entropy
-                sums["entropy"] += entropy.detach().sum().item()
-                if reference is not None:
-                    log_ratio = reference[sample_index] - logp
-                    kl = torch.exp(log_ratio) - log_ratio - 1
-                    token_loss = token_loss + config.kl_coef * kl
-                    sums["kl"] += kl.detach().sum().item()
-                loss = loss + weight * token_loss.sum()
-                sums["ratio"] += ratio_to_sampler.sum().item()
-                sums["ratio_max"] = max(sums["ratio_max"], ratio_to_sampler.max().item())
-                if config.importance_clip is not None:
-                    sums["ratio_clipped"] += (ratio_to_sampler > config.importance_clip).float().sum().item()
-                tokens += len(logp)
+            # Every copy of a sequence reads the log-probs computed once for it; from here on all
+            # is per token of the chunk's samples, copies included, as if each had run alone.
+            members, at, start = [], [], 0
+            for first, logp in zip(chunk, logprobs):
+                members += copies[first]
+                at += list(range(start, start + len(logp))) * len(copies[first])
+                start += len(logp)
+            at = torch.tensor(at, device=logprobs[0].device)
+            logp = torch.cat(logprobs).float()[at]
+            entropy = torch.cat(entropies).float()[at]
+            advantage = torch.tensor(
+                [samples[i].advantage for i in members for _ in samples[i].response_ids], device=logp.device
+            )
+            weight = torch.tensor([weight_of[i] for i in members for _ in samples[i].response_ids], device=logp.device)
+            sampler = torch.tensor([lp for i in members for lp in samples[i].sampler_logprobs], device=logp.device)
+            before = torch.cat([old[i] for i in members]) if old is not None else logp.detach()
+            ratio_to_sampler = torch.exp(before - sampler)
+            importance = (
+                ratio_to_sampler.clamp(max=config.importance_clip)
+                if config.importance_clip is not None
+                else ratio_to_sampler
+            )
+            if config.loss == "ppo":
+                ratio = torch.exp(logp - before)
+                clipped = ratio.clamp(1 - config.clip, 1 + config.clip)
+                surrogate = torch.minimum(ratio * advantage, clipped * advantage)
+                sums["clip_fraction"] += ((ratio - clipped).abs() > 1e-6).sum().item()
+            else:
+                surrogate = logp * advantage
+            token_loss = -importance * surrogate - config.entropy_coef * entropy
+            sums["entropy"] += entropy.detach().sum().item()
+            if reference is not None:
+                log_ratio = torch.cat([reference[i] for i in members]) - logp
+                kl = torch.exp(log_ratio) - log_ratio - 1
+                token_loss = token_loss + config.kl_coef * kl
+                sums["kl"] += kl.detach().sum().item()
+            loss = (weight * token_loss).sum()
             loss.backward()
             sums["loss"] += loss.item()
+            sums["ratio"] += ratio_to_sampler.sum().item()
+            ratio_max = max(ratio_max, ratio_to_sampler.max().item())
+            if config.importance_clip is not None:
+                sums["ratio_clipped"] += (ratio_to_sampler > config.importance_clip).sum().item()
+            tokens += len(logp)
         grad_norm = torch.nn.utils.clip_grad_norm_(
             [p for p in self.model.parameters() if p.requires_grad], config.max_grad_norm
         )
         self.optimizer.step()
-        ratio_max = sums.pop("ratio_max")
         loss = sums.pop("loss")
         stats = {name: value / tokens for name, value in sums.items()}
         stats.update(loss=loss, ratio_max=ratio_max, grad_norm=float(grad_norm))
@@ -183,14 +193,16 @@ class Learner:
     def _logprobs(self, samples: Sequence[Sample], grad: bool, model=None) -> list[torch.Tensor]:
         model = model or self.model
         out: list[torch.Tensor | None] = [None] * len(samples)
+        copies = _copies(samples, range(len(samples)))
         with torch.set_grad_enabled(grad), self._autocast():
-            for chunk in _micro_batches(range(len(samples)), samples, self.config.micro_batch_tokens):
+            for chunk in _micro_batches(list(copies), samples, self.config.micro_batch_tokens):
                 batch = [samples[i] for i in chunk]
                 scored = response_logprobs(
                     model, [s.prompt_ids for s in batch], [s.response_ids for s in batch], self.temperature
                 )
-                for i, logp in zip(chunk, scored):
-                    out[i] = logp.float()
+                for first, logp in zip(chunk, scored):
+                    for i in copies[first]:
+                        out[i] = logp.float()
         return out
 
     def _reference_logprobs(self, samples: Sequence[Sample]) -> list[torch.Tensor]:
@@ -305,6 +317,17 @@ def _merged(peft_model):
         yield
     finally:
         peft_model.unmerge_adapter()
+
+
+def _copies(samples: Sequence[Sample], indices: Iterable[int]) -> dict[int, list[int]]:
+    """The samples among `indices` grouped by identical (prompt, response): the first index of
+    each sequence, with the indices of all its copies. Self-play repeats sequences often (a
+    Kuhn Poker step plays a dozen information states hundreds of times), and the model need
+    score each only once."""
+    groups: dict[tuple[tuple[int, ...], tuple[int, ...]], list[int]] = {}
+    for i in indices:
+        groups.setdefault((samples[i].prompt_ids, samples[i].response_ids), []).append(i)
+    return {same[0]: same for same in groups.values()}
 
 
 def _micro_batches(indices: Sequence[int], samples: Sequence[Sample], max_tokens: int) -> Iterator[list[int]]:

@@ -214,3 +214,40 @@ def test_update_runs_at_the_given_learning_rate(tiny_model_dir, prompt):
     learner.update([sampled(learner, prompt, response, 1.0)], lr=0.0)
     assert total_logprob(learner, prompt, response) == pytest.approx(before)  # lr 0 moves nothing
     assert learner.update([sampled(learner, prompt, response, 1.0)])["lr"] == 1e-3
+
+
+@pytest.mark.parametrize("loss", ["ppo", "reinforce"])
+def test_copies_of_a_sequence_are_scored_once_and_each_counts(tiny_model_dir, prompt, loss):
+    """Identical (prompt, response) samples share one forward pass, yet each keeps its own
+    advantage and sampler log-probs: the gradient equals the loss written out sample by sample."""
+    config = LearnerConfig(loss=loss, lr=1e-3, kl_coef=0.1, entropy_coef=0.01, importance_clip=1.5, max_grad_norm=1e9)
+    learner = Learner(str(tiny_model_dir), config, seed=0)
+    initial = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    learner.update([sampled(learner, prompt, [5, 6], 1.0)])  # the policy leaves its reference
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    model.load_state_dict(learner.model.state_dict())
+    samples = [
+        sampled(learner, prompt, [5, 6, 7], 1.0),
+        sampled(learner, prompt, [5, 6, 7], -0.5, shift=-0.7),
+        sampled(learner, prompt, [5, 6, 7], 2.0, shift=0.2),
+        sampled(learner, prompt, [8], -1.0),
+    ]
+    stats = learner.update(samples)
+
+    from selfplay.scoring import response_logprobs_and_entropy
+
+    total_tokens = sum(len(s.response_ids) for s in samples)
+    expected = 0.0
+    for sample in samples:
+        (logp,), (entropy,) = response_logprobs_and_entropy(model, [sample.prompt_ids], [sample.response_ids])
+        with torch.no_grad():
+            (reference,) = response_logprobs(initial, [sample.prompt_ids], [sample.response_ids])
+        importance = torch.exp(logp.detach() - torch.tensor(sample.sampler_logprobs)).clamp(max=1.5)
+        surrogate = torch.exp(logp - logp.detach()) * sample.advantage if loss == "ppo" else logp * sample.advantage
+        log_ratio = reference - logp
+        token_loss = -importance * surrogate - 0.01 * entropy + 0.1 * (torch.exp(log_ratio) - log_ratio - 1)
+        expected = expected + token_loss.sum() / total_tokens
+    expected.backward()
+    assert stats["loss"] == pytest.approx(expected.item(), rel=1e-4)
+    for (name, param), mine in zip(model.named_parameters(), learner.model.parameters()):
+        assert torch.allclose(param.grad, mine.grad, rtol=1e-4, atol=1e-7), name
