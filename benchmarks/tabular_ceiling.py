@@ -8,7 +8,8 @@ It is trained the way `selfplay train` trains a language model: each step plays
 become `Trajectory` records, advantages come from selfplay's own estimator
 (`selfplay.advantages.estimate`), and the loss is the on-policy policy gradient with the
 learner's token-mean aggregation, an optional KL penalty to the initial policy (the learner's
-k3 estimate), gradient clipping at 1 and Adam.
+k3 estimate; `--reference-every` moves that reference to the current table, as
+`learner.reference_update_every` does), gradient clipping at 1 and Adam.
 
 It measures what issue-style targets ask of the language model:
 - kuhn_poker: exact exploitability (OpenSpiel); uniform play is 0.458;
@@ -152,6 +153,8 @@ def train(game, args, lr: float, kl_coef: float, estimator: str, seed: int) -> l
         loss.backward()
         torch.nn.utils.clip_grad_norm_([table.logits], 1.0)
         optimizer.step()
+        if args.reference_every and step % args.reference_every == 0:
+            reference = table.log_probs().detach()
         if step % args.every == 0:
             curve.append((step, score(table, args.eval_games, rng)))
     return curve
@@ -166,6 +169,9 @@ def main() -> None:
     parser.add_argument("--lr", type=float, nargs="+", default=[0.01, 0.03])
     parser.add_argument("--kl", type=float, nargs="+", default=[0.0, 0.2])
     parser.add_argument("--estimator", nargs="+", default=["rae"])
+    parser.add_argument(
+        "--reference-every", type=int, default=0, help="steps between moves of the KL reference to the current table"
+    )
     parser.add_argument("--tilt", type=float, default=0.0, help="spread of the initial policy's random preferences")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--every", type=int, default=50)
@@ -175,7 +181,8 @@ def main() -> None:
     metric = "non-loss vs random" if perfect_information(game) else "exploitability"
     print(
         f"{args.game}: {args.steps} steps x {args.games_per_step} games = {args.steps * args.games_per_step} games "
-        f"per run against {'/'.join(args.opponents)}; initial tilt {args.tilt}; {metric} (mean over seeds)"
+        f"per run against {'/'.join(args.opponents)}; initial tilt {args.tilt}; KL reference moved every "
+        f"{args.reference_every or 'never'} steps; {metric} (mean over seeds)"
     )
     for estimator, lr, kl_coef in itertools.product(args.estimator, args.lr, args.kl):
         curves = [train(game, args, lr, kl_coef, estimator, seed) for seed in range(args.seeds)]

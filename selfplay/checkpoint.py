@@ -5,6 +5,8 @@ policy (`AutoModelForCausalLM.from_pretrained` loads it) plus
 
 - `optimizer.safetensors` and `optimizer.json`: the optimizer's tensors and its settings;
 - `rng.safetensors`: torch's random-number-generator states;
+- `reference.safetensors`: the KL reference, when `learner.reference_update_every` has moved it
+  away from the initial policy;
 - `trainer_state.json`: the step, the advantage baselines, and whatever else the trainer and
   league keep.
 
@@ -25,6 +27,7 @@ from safetensors.torch import load_file, save_file
 from selfplay.errors import UserError
 
 STATE_FILE = "trainer_state.json"
+REFERENCE_FILE = "reference.safetensors"
 PREFIX = "step-"
 
 
@@ -44,6 +47,8 @@ def save_checkpoint(run_dir: str | Path, step: int, learner, state: dict, keep: 
     save_file(tensors, str(scratch / "optimizer.safetensors"))
     (scratch / "optimizer.json").write_text(json.dumps(settings))
     save_file(_rng_states(), str(scratch / "rng.safetensors"))
+    if learner.reference_moved:
+        learner.save_reference(scratch / REFERENCE_FILE)
     (scratch / STATE_FILE).write_text(json.dumps({"step": step, **state}, indent=1))
     _fsync_tree(scratch)
     if final.exists():  # a re-run of a step after a resume
@@ -90,6 +95,8 @@ def load_checkpoint(path: Path, learner) -> dict:
         tensors = load_file(str(path / "optimizer.safetensors"))
         rng = load_file(str(path / "rng.safetensors"))
         learner.optimizer.load_state_dict(_unflatten_optimizer(tensors, settings))
+        if (path / REFERENCE_FILE).exists():
+            learner.load_reference(path / REFERENCE_FILE)
     except (OSError, ValueError, KeyError) as err:
         raise UserError(
             f"Checkpoint '{path}' is damaged ({err}). Delete that directory to resume from the one before it."

@@ -65,6 +65,10 @@ class LearnerConfig:
     # token_sum divides by this many tokens per sequence (Dr.GRPO); null uses rollout.max_new_tokens.
     token_sum_length: int | None = None
     kl_coef: float = 0.0  # penalty towards the frozen initial policy; 0 loads no reference model
+    # Every this many steps the KL reference becomes the current policy: a moving magnet, as in
+    # R-NaD and magnetic mirror descent, so that the penalty damps self-play's cycling without
+    # holding the policy near its start for good. 0 keeps the initial policy.
+    reference_update_every: int = 0
     entropy_coef: float = 0.0  # bonus for the entropy of each response token's distribution
     importance_clip: float | None = 2.0  # truncated importance sampling between sampler and learner
     max_grad_norm: float = 1.0

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import safetensors.torch
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -83,6 +84,7 @@ class Learner:
         # With LoRA the reference policy is the base model with adapters switched off; without,
         # a frozen copy, loaded only when the KL penalty needs it.
         self.reference = None
+        self.reference_moved = False  # True once the reference is no longer the initial policy
         if config.kl_coef > 0 and not self.lora:
             self.reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)
             self.reference.eval().requires_grad_(False)
@@ -210,6 +212,21 @@ class Learner:
             with self.model.disable_adapter():
                 return self._logprobs(samples, grad=False)
         return self._logprobs(samples, grad=False, model=self.reference)
+
+    def move_reference(self) -> None:
+        """Make the current policy the KL reference (see `LearnerConfig.reference_update_every`)."""
+        self.reference.load_state_dict(self.model.state_dict())
+        self.reference_moved = True
+
+    def save_reference(self, path: Path) -> None:
+        safetensors.torch.save_model(self.reference, str(path))
+
+    def load_reference(self, path: Path) -> None:
+        """Restore a reference written by `save_reference`."""
+        missing, unexpected = safetensors.torch.load_model(self.reference, str(path), strict=False)
+        if missing or unexpected:
+            raise ValueError(f"reference weights do not fit the model: missing {missing}, unexpected {unexpected}")
+        self.reference_moved = True
 
     def _autocast(self):
         if self.config.precision == "bf16":

@@ -108,6 +108,14 @@ def validate(config: TrainConfig) -> None:
             raise UserError(f"rollout.{name} must be at least 1.")
     if config.rollout.games_per_step % config.advantages.group_size:
         raise UserError("rollout.games_per_step must be a multiple of advantages.group_size.")
+    if config.learner.reference_update_every:
+        if config.learner.reference_update_every < 0:
+            raise UserError("learner.reference_update_every must be 0 (never) or a number of steps.")
+        if config.learner.kl_coef <= 0 or config.learner.lora.rank > 0:
+            raise UserError(
+                "learner.reference_update_every moves the KL reference of a full fine-tune: set learner.kl_coef "
+                "above 0 and learner.lora.rank=0, or set learner.reference_update_every=0."
+            )
     if config.learner.epochs < 1 or config.learner.minibatches < 1:
         raise UserError("learner.epochs and learner.minibatches must be at least 1.")
     if config.eval.every:
@@ -420,6 +428,9 @@ class Trainer:
             stats.update({f"advantage/{k}": v for k, v in advantage_stats(advantages).items()})
             lr = scheduled_lr(player.learner.config, self.step, config.steps)
             stats.update({f"learner/{k}": v for k, v in player.learner.update(samples, lr).items()})
+            every = player.learner.config.reference_update_every
+            if every and self.step % every == 0:
+                player.learner.move_reference()
             synced = time.perf_counter()
             self._sync(player)
             sync_s += time.perf_counter() - synced

@@ -56,6 +56,8 @@ def test_bad_keys_and_values_are_named(override, message):
         (["games={negotiation: 1}", "opponents={mcts: 1}"], "mcts"),
         (["advantages.estimator=grpo"], "group_size"),
         (["advantages.group_size=3"], "multiple of advantages.group_size"),
+        (["learner.reference_update_every=10"], "set learner.kl_coef above 0"),
+        (["learner.kl_coef=0.1", "learner.reference_update_every=10", "learner.lora.rank=4"], "lora.rank=0"),
     ],
 )
 def test_semantic_errors_are_caught_before_work(overrides, message):

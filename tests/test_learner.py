@@ -112,6 +112,20 @@ def test_entropy_bonus_is_logged_and_raises_the_entropy(tiny_model_dir, prompt):
     assert after[1.0] > after[0.0] + 0.01
 
 
+def test_a_moved_reference_is_the_policy_of_that_moment(tiny_model_dir, prompt, tmp_path):
+    learner = Learner(str(tiny_model_dir), LearnerConfig(lr=1e-2, kl_coef=0.1), seed=0)
+    learner.update([sampled(learner, prompt, [5, 6, 7], 1.0)])
+    assert learner.update([sampled(learner, prompt, [5, 6, 7], 1.0)])["kl"] > 1e-4
+    learner.move_reference()
+    assert learner.update([sampled(learner, prompt, [5, 6, 7], 1.0)])["kl"] == pytest.approx(0.0, abs=1e-9)
+    learner.save_reference(tmp_path / "reference.safetensors")
+    restored = Learner(str(tiny_model_dir), LearnerConfig(lr=1e-2, kl_coef=0.1), seed=0)
+    restored.load_reference(tmp_path / "reference.safetensors")
+    assert restored.reference_moved
+    for name, tensor in learner.reference.state_dict().items():
+        assert torch.equal(restored.reference.state_dict()[name], tensor), name
+
+
 def test_ppo_epochs_clip_the_ratio(tiny_model_dir, prompt):
     learner = Learner(str(tiny_model_dir), LearnerConfig(lr=5e-2, epochs=4, clip=0.2), seed=0)
     stats = learner.update([sampled(learner, prompt, [5, 6, 7], 1.0)])

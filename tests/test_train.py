@@ -83,11 +83,15 @@ def test_training_moves_weights_syncs_the_backend_and_resumes(tiny_model_dir, tm
     assert logged_steps(run_dir) == [1, 2, 3]
 
 
-def test_resume_replays_a_lost_step_exactly(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize(
+    "learner", [[], ["learner.kl_coef=0.5", "learner.reference_update_every=1"]], ids=["plain", "moving_reference"]
+)
+def test_resume_replays_a_lost_step_exactly(tiny_model_dir, tmp_path, learner):
     """Steps after the last checkpoint are lost in a crash; the resumed run redoes them with
-    the same matches, sampling and learner randomness, so it ends where the unbroken run did."""
+    the same matches, sampling and learner randomness (and KL reference), so it ends where the
+    unbroken run did."""
     unbroken, broken = tmp_path / "unbroken", tmp_path / "broken"
-    common = [*TINY, f"model={tiny_model_dir}"]
+    common = [*TINY, *learner, f"model={tiny_model_dir}"]
     Trainer(load_config(None, [*common, f"run_dir={unbroken}"]), progress=False).run()
     Trainer(load_config(None, [*common, f"run_dir={broken}"]), progress=False).run()
     # Killed after logging step 2, before its checkpoint was in place.
