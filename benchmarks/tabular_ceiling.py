@@ -98,7 +98,7 @@ def play(table: Table, probs: np.ndarray, opponent: str, learner_seat: int, seed
         action = int(rng.choice(len(probs[row]), p=probs[row]))
         role = f"player_{seat}"
         turns.append(
-            Turn(game.get_type().short_name, seed, seat, role, role, 0, (row,), (action,), (), "", "stop", False, 0)
+            Turn(game.get_type().short_name, seed, seat, role, role, 0, (), (action,), (), "", "stop", False, 0)
         )
         choices.append((row, action))
         state.apply_action(action)
@@ -137,9 +137,7 @@ def train(game, args, lr: float, kl_coef: float, estimator: str, seed: int) -> l
         for g in range(args.games_per_step):
             opponent = args.opponents[int(rng.integers(len(args.opponents)))]
             played.append(play(table, probs, opponent, g % 2, step * args.games_per_step + g, rng))
-        advantages, baselines = estimate(
-            estimator, [t for t, _ in played], baselines, prompt_baseline=args.prompt_baseline
-        )
+        advantages, baselines = estimate(estimator, [t for t, _ in played], baselines)
         rows, actions, weights = [], [], []
         for (_, choices), advantage in zip(played, advantages):
             for (row, action), value in zip(choices, advantage):
@@ -171,7 +169,6 @@ def main() -> None:
     parser.add_argument("--lr", type=float, nargs="+", default=[0.01, 0.03])
     parser.add_argument("--kl", type=float, nargs="+", default=[0.0, 0.2])
     parser.add_argument("--estimator", nargs="+", default=["rae"])
-    parser.add_argument("--prompt-baseline", action="store_true", help="RAE's per-state baseline (the row is the prompt)")
     parser.add_argument(
         "--reference-every", type=int, default=0, help="steps between moves of the KL reference to the current table"
     )
@@ -185,7 +182,7 @@ def main() -> None:
     print(
         f"{args.game}: {args.steps} steps x {args.games_per_step} games = {args.steps * args.games_per_step} games "
         f"per run against {'/'.join(args.opponents)}; initial tilt {args.tilt}; KL reference moved every "
-        f"{args.reference_every or 'never'} steps; prompt baseline {args.prompt_baseline}; {metric} (mean over seeds)"
+        f"{args.reference_every or 'never'} steps; {metric} (mean over seeds)"
     )
     for estimator, lr, kl_coef in itertools.product(args.estimator, args.lr, args.kl):
         curves = [train(game, args, lr, kl_coef, estimator, seed) for seed in range(args.seeds)]

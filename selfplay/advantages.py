@@ -4,8 +4,7 @@ Each estimator turns a batch of finished trajectories into one advantage per tur
 learner multiplies into the policy-gradient loss. They differ in the baseline they subtract:
 
 - ``rae``: SPIRAL's role-conditioned advantage estimation, an EMA baseline per (game, role)
-  carried from batch to batch; optionally (``prompt_baseline``) a turn whose prompt recurs in
-  the batch is compared with the other turns that answered the same prompt instead;
+  carried from batch to batch;
 - ``turn_level``: MARS's per-turn rewards summed forward per player, then normalised per
   (game, role) across the batch;
 - ``grpo`` / ``dr_grpo`` / ``rloo``: group baselines over repeated plays of the same game start;
@@ -51,8 +50,7 @@ def _parts(trajectory: Trajectory, key: KeyFn) -> list[tuple[Hashable, float, li
 
 
 def _assemble(trajectories: Sequence[Trajectory], values: Iterable[tuple[int, list[int], float]]) -> Advantages:
-    """Place (trajectory index, turn indices, advantage) triples into per-turn tuples; a later
-    triple for a turn replaces an earlier one, and a turn with none gets 0."""
+    """Place (trajectory index, turn indices, advantage) triples into per-turn tuples."""
     table = [[0.0] * len(t.turns) for t in trajectories]
     for traj_index, indices, value in values:
         for index in indices:
@@ -83,18 +81,10 @@ def rae(
     baselines: Mapping[Key, float],
     decay: float = 0.95,
     key: KeyFn = role_key,
-    prompt_baseline: bool = False,
 ) -> tuple[Advantages, dict[Key, float]]:
     """SPIRAL's role-conditioned advantages: A = R - b[key], then b <- decay*b + (1-decay)*R.
 
     Trajectories update the baselines in order; returns the advantages and the new baselines.
-
-    With `prompt_baseline`, a turn whose exact prompt other turns of the batch (under the same
-    key) also answered gets instead its return minus the mean return of those others: a
-    state-value baseline, on-policy, where states recur (Kuhn Poker has 12 information states).
-    A role baseline must also absorb how good each state is, so its advantages carry that
-    spread as noise. Turns with a prompt of their own keep the role baseline, which is updated
-    as without the option.
     """
     if not 0.0 <= decay <= 1.0:
         raise UserError(f"the RAE baseline decay must lie in [0, 1], got {decay}")
@@ -107,30 +97,7 @@ def rae(
             # so a return is never compared against a baseline it has already moved.
             values.append((traj_index, indices, ret - old))
             updated[k] = decay * old + (1.0 - decay) * ret
-    if prompt_baseline:
-        values += _leave_one_out(_prompt_groups(trajectories, key))
     return _assemble(trajectories, values), updated
-
-
-def _prompt_groups(trajectories: Sequence[Trajectory], key: KeyFn) -> dict[Hashable, list[tuple[int, list[int], float]]]:
-    """Each turn with its seat's return, grouped by key and exact prompt."""
-    groups: dict[Hashable, list[tuple[int, list[int], float]]] = {}
-    for traj_index, trajectory in enumerate(trajectories):
-        for index, turn in enumerate(trajectory.turns):
-            ret = float(trajectory.result.rewards[turn.seat])
-            groups.setdefault((key(turn), turn.prompt_ids), []).append((traj_index, [index], ret))
-    return groups
-
-
-def _leave_one_out(groups: Mapping[Hashable, list[tuple[int, list[int], float]]]) -> list[tuple[int, list[int], float]]:
-    """Each member of a group of two or more, valued at its return minus the mean return of the
-    other members; lone members are left out."""
-    values = []
-    for entries in groups.values():
-        if len(entries) > 1:
-            total = sum(e[2] for e in entries)
-            values += [(t, indices, ret - (total - ret) / (len(entries) - 1)) for t, indices, ret in entries]
-    return values
 
 
 def turn_level_returns(
@@ -175,9 +142,13 @@ def grpo(
 
 
 def rloo(trajectories: Sequence[Trajectory], key: KeyFn = role_key) -> Advantages:
-    """REINFORCE leave-one-out: seat return minus the mean return of the other members of its group
-    (0 for a seat alone in its group)."""
-    return _assemble(trajectories, _leave_one_out(_start_groups(trajectories, key)))
+    """REINFORCE leave-one-out: seat return minus the mean return of the other members of its group."""
+    values = []
+    for entries in _start_groups(trajectories, key).values():
+        total, n = sum(e[2] for e in entries), len(entries)
+        for traj_index, indices, ret in entries:
+            values.append((traj_index, indices, (ret - (total - ret) / (n - 1)) if n > 1 else 0.0))
+    return _assemble(trajectories, values)
 
 
 def trr_plus_plus(trajectories: Sequence[Trajectory], key: KeyFn = role_key, eps: float = 1e-6) -> Advantages:
@@ -201,12 +172,10 @@ def estimate(
     *,
     decay: float = 0.95,
     key: KeyFn = role_key,
-    prompt_baseline: bool = False,
 ) -> tuple[Advantages, dict[Key, float]]:
-    """Run the estimator called `name`; returns the advantages and the baselines to carry to the
-    next batch. `prompt_baseline` is RAE's option."""
+    """Run the estimator called `name`; returns the advantages and the baselines to carry to the next batch."""
     if name == "rae":
-        return rae(trajectories, baselines, decay=decay, key=key, prompt_baseline=prompt_baseline)
+        return rae(trajectories, baselines, decay=decay, key=key)
     stateless: dict[str, Callable[[], Advantages]] = {
         "turn_level": lambda: turn_level_returns(trajectories, key=key),
         "grpo": lambda: grpo(trajectories, key=key),

@@ -37,9 +37,6 @@ class RolloutConfig:
 class AdvantageConfig:
     estimator: Literal["rae", "turn_level", "grpo", "dr_grpo", "rloo", "trr++", "reinforce"] = "rae"
     decay: float = 0.95  # RAE's baseline decay
-    # RAE: a turn whose prompt other turns of the step also answered is compared with their mean
-    # return, a state-value baseline, rather than with its role's (see selfplay.advantages.rae).
-    prompt_baseline: bool = False
     group_size: int = 1  # plays of each game start per step; grpo, dr_grpo and rloo need more than 1
 
 

@@ -103,11 +103,6 @@ def validate(config: TrainConfig) -> None:
             f"advantages.estimator={config.advantages.estimator} compares plays of the same game start: "
             "set advantages.group_size to 2 or more."
         )
-    if config.advantages.prompt_baseline and config.advantages.estimator != "rae":
-        raise UserError(
-            f"advantages.prompt_baseline is an option of the rae estimator, not of {config.advantages.estimator}: "
-            "set advantages.estimator=rae or advantages.prompt_baseline=false."
-        )
     for name in ("games_per_step", "concurrency", "max_new_tokens"):
         if getattr(config.rollout, name) < 1:
             raise UserError(f"rollout.{name} must be at least 1.")
@@ -422,12 +417,7 @@ class Trainer:
             owned = [t for t in trajectories if owner[t.result.game, t.result.seed, t.result.players] == name]
             learned = [learner_view(t, name) for t in owned]
             advantages, player.baselines = estimate(
-                config.advantages.estimator,
-                learned,
-                player.baselines,
-                decay=config.advantages.decay,
-                key=advantage_key,
-                prompt_baseline=config.advantages.prompt_baseline,
+                config.advantages.estimator, learned, player.baselines, decay=config.advantages.decay, key=advantage_key
             )
             samples = [
                 Sample(turn.prompt_ids, turn.response_ids, turn.logprobs, advantage)

@@ -26,15 +26,7 @@ P0, P1 = ("ttt", "player_0"), ("ttt", "player_1")
 ROOT_1_5 = 1.224744871  # sqrt(1.5): the whitened extremes of three evenly spaced values
 
 
-def turn(
-    seat: int,
-    reward: float = 0.0,
-    *,
-    game: str = "ttt",
-    role: str | None = None,
-    invalid: bool = False,
-    prompt: tuple[int, ...] = (1,),
-) -> Turn:
+def turn(seat: int, reward: float = 0.0, *, game: str = "ttt", role: str | None = None, invalid: bool = False) -> Turn:
     return Turn(
         game=game,
         match_seed=0,
@@ -42,7 +34,7 @@ def turn(
         role=role or f"player_{seat}",
         agent="policy",
         policy_version=0,
-        prompt_ids=prompt,
+        prompt_ids=(1,),
         response_ids=(2,),
         logprobs=(-0.5,),
         text="\\boxed{0}",
@@ -119,22 +111,6 @@ def test_rae_with_a_custom_key_shares_a_baseline_between_seats_in_turn_order():
     advantages, baselines = rae([alternating((1.0, -1.0), 2)], {}, key=lambda t: t.game)
     assert_close(advantages, [(1.0, -1.05)])
     assert baselines == close({"ttt": -0.0025})
-
-
-def test_rae_prompt_baseline_compares_turns_that_answered_the_same_prompt():
-    a, b = (7,), (8,)
-    batch = [
-        traj((1.0, -1.0), [turn(0, prompt=a), turn(1, prompt=a), turn(0, prompt=b)]),
-        traj((0.0, 0.0), [turn(0, prompt=a)]),
-        traj((-1.0, 1.0), [turn(0, prompt=a)]),
-    ]
-    advantages, baselines = rae(batch, {}, prompt_baseline=True)
-    # player_0 answered prompt a three times, returns 1, 0, -1: 1 - (0 - 1)/2, 0 - (1 - 1)/2, -1 - (1 + 0)/2.
-    # player_1's turn on a is another role's, and player_0's prompt b is its own: both keep RAE's 1 - 0 and -1 - 0.
-    assert_close(advantages, [(1.5, -1.0, 1.0), (0.0,), (-1.5,)])
-    # The role baselines move as without the option: 0 -> 0.05 -> 0.0475 -> 0.95*0.0475 - 0.05.
-    assert baselines == close({P0: -0.004875, P1: -0.05})
-    assert rae(batch, {})[1] == baselines
 
 
 def test_rae_rejects_a_decay_outside_the_unit_interval():
@@ -259,7 +235,6 @@ def test_estimate_dispatches_with_the_given_settings():
     assert estimate("dr_grpo", batch, {})[0] == grpo(batch, scale=False)
     assert estimate("grpo", batch, {})[0] == grpo(batch)
     assert estimate("rae", batch, {}, decay=0.5) == rae(batch, {}, decay=0.5)
-    assert estimate("rae", batch, {}, prompt_baseline=True) == rae(batch, {}, prompt_baseline=True)
     by_game = estimate("trr++", batch, {}, key=lambda t: t.game)[0]
     assert by_game == trr_plus_plus(batch, key=lambda t: t.game)
 

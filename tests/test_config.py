@@ -57,7 +57,6 @@ def test_bad_keys_and_values_are_named(override, message):
         (["advantages.estimator=grpo"], "group_size"),
         (["advantages.group_size=3"], "multiple of advantages.group_size"),
         (["learner.reference_update_every=10"], "set learner.kl_coef above 0"),
-        (["advantages.estimator=trr++", "advantages.prompt_baseline=true"], "option of the rae estimator"),
         (["learner.kl_coef=0.1", "learner.reference_update_every=10", "learner.lora.rank=4"], "lora.rank=0"),
     ],
 )
