@@ -16,7 +16,8 @@ turn's advantage) and runs a policy-gradient loss over the response tokens:
   (mean per response, then over responses), or `token_sum` over a fixed length (Dr.GRPO).
 
 Minibatches are split into micro-batches by token count and gradients accumulate across them,
-so memory is bounded whatever the number of samples.
+so memory is bounded whatever the number of samples. The model scores each distinct (prompt,
+response) once, however many samples repeat it; the loss still counts every sample.
 """
 
 from __future__ import annotations

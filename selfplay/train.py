@@ -294,8 +294,11 @@ class Trainer:
 
     def _exploiter_config(self):
         learner = self.config.learner
+        # An exploiter's KL reference is the shared base under its adapters, which stays put.
         return dataclasses.replace(
-            learner, lora=dataclasses.replace(learner.lora, rank=self.config.league.exploiter_lora_rank)
+            learner,
+            lora=dataclasses.replace(learner.lora, rank=self.config.league.exploiter_lora_rank),
+            reference_update_every=0,
         )
 
     def _open_league(self, resume: bool) -> League:

@@ -126,3 +126,24 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(tiny_model_dir, tmp_path)
     resume(run_dir, [f"steps={saved[-1] + 2}"])
     assert list_checkpoints(run_dir)[-1].name == f"step-{saved[-1] + 2:06d}"
     assert logged_steps(run_dir) == list(range(1, saved[-1] + 3))
+
+
+def test_a_moving_reference_moves_the_main_learners_and_leaves_lora_exploiters_on_their_base(tiny_model_dir, tmp_path):
+    overrides = [
+        *TINY,
+        f"model={tiny_model_dir}",
+        f"run_dir={tmp_path / 'run'}",
+        "learner.kl_coef=0.1",
+        "learner.reference_update_every=2",
+        "league.enabled=true",
+        "league.scripted=[random]",
+        "league.main_exploiters=1",
+        "league.exploiter_lora_rank=4",
+    ]
+    trainer = Trainer(load_config(None, overrides), progress=False)
+    trainer.run()
+    main, exploiter = trainer.players["main"].learner, trainer.players["main_exploiter_0"].learner
+    assert main.reference_moved and all(
+        torch.equal(main.reference.state_dict()[k], v) for k, v in main.model.state_dict().items()
+    )
+    assert exploiter.config.reference_update_every == 0 and not exploiter.reference_moved
