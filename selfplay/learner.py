@@ -150,10 +150,10 @@ class Learner:
             at = torch.tensor(at, device=logprobs[0].device)
             logp = torch.cat(logprobs).float()[at]
             entropy = torch.cat(entropies).float()[at]
-            advantage = torch.tensor(
-                [samples[i].advantage for i in members for _ in samples[i].response_ids], device=logp.device
-            )
-            weight = torch.tensor([weight_of[i] for i in members for _ in samples[i].response_ids], device=logp.device)
+            lengths = torch.tensor([len(samples[i].response_ids) for i in members], device=logp.device)
+            advantage = torch.tensor([samples[i].advantage for i in members], device=logp.device)
+            advantage = advantage.repeat_interleave(lengths)
+            weight = torch.tensor([weight_of[i] for i in members], device=logp.device).repeat_interleave(lengths)
             sampler = torch.tensor([lp for i in members for lp in samples[i].sampler_logprobs], device=logp.device)
             before = torch.cat([old[i] for i in members]) if old is not None else logp.detach()
             ratio_to_sampler = torch.exp(before - sampler)
@@ -204,8 +204,9 @@ class Learner:
                     model, [s.prompt_ids for s in batch], [s.response_ids for s in batch], self.temperature
                 )
                 for first, logp in zip(chunk, scored):
+                    logp = logp.float()
                     for i in copies[first]:
-                        out[i] = logp.float()
+                        out[i] = logp
         return out
 
     def _reference_logprobs(self, samples: Sequence[Sample]) -> list[torch.Tensor]:
