@@ -52,6 +52,8 @@ CONFIG_FILE = "config.yaml"
 SNAPSHOTS_DIR = "league/snapshots"
 EXPLOITERS_DIR = "league/exploiters"
 GROUPED_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
+# Steps in a row in which every answer was invalid before a run warns that it has collapsed.
+COLLAPSE_STEPS = 10
 
 
 def opponent_mixes(config: TrainConfig) -> dict[str, dict[str, float]]:
@@ -368,6 +370,7 @@ class Trainer:
         metrics: dict[str, float] = {}
         bar = tqdm(total=self.config.steps, initial=self.step, desc="train", unit="step", disable=not self.progress)
         deadline = time.monotonic() + 60 * self.config.max_minutes if self.config.max_minutes else math.inf
+        all_invalid_steps = 0
         try:
             while self.step < self.config.steps:
                 self.step += 1
@@ -382,6 +385,9 @@ class Trainer:
                     tok_s=f"{metrics.get('time/tokens_per_s', 0):.0f}",
                     **({"league": int(metrics["league/snapshots"])} if "league/snapshots" in metrics else {}),
                 )
+                all_invalid_steps = all_invalid_steps + 1 if metrics.get("turns/invalid_rate") == 1.0 else 0
+                if all_invalid_steps == COLLAPSE_STEPS:
+                    bar.write(collapse_warning(self.step, self.run_dir))
                 out_of_time = time.monotonic() > deadline
                 if self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps or out_of_time:
                     self.save()
@@ -506,6 +512,15 @@ class Trainer:
             if math.isfinite(value):
                 self.writer.add_scalar(name, value, self.step)
         self.writer.flush()
+
+
+def collapse_warning(step: int, run_dir: Path) -> str:
+    return (
+        f"warning: every answer of steps {step - COLLAPSE_STEPS + 1}-{step} was invalid. Every return is then "
+        "the same, so the advantages vanish and the policy cannot learn its way back. Train again from a "
+        f"checkpoint before the collapse (model={run_dir}/checkpoints/step-N) with a lower learner.lr or a "
+        "learner.kl_coef above 0."
+    )
 
 
 def _state(player: LearningPlayer) -> dict:

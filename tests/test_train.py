@@ -18,7 +18,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from selfplay.checkpoint import list_checkpoints
 from selfplay.config import load_config
 from selfplay.errors import UserError
-from selfplay.train import Trainer, step_matches, train_command
+from selfplay.train import COLLAPSE_STEPS, Trainer, step_matches, train_command
 
 TINY = [
     "steps=2",
@@ -102,6 +102,21 @@ def test_resume_replays_a_lost_step_exactly(tiny_model_dir, tmp_path, learner):
     b = load_file(str(broken / "checkpoints" / "step-000002" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert logged_steps(broken) == [1, 2]
+
+
+def test_a_run_whose_every_answer_is_invalid_warns_once_that_it_has_collapsed(tiny_model_dir, tmp_path, capsys):
+    # One token cannot hold a \boxed{} answer, so every answer is invalid.
+    collapsed = [*TINY, "rollout.max_new_tokens=1", "checkpoint_every=100", f"model={tiny_model_dir}"]
+    Trainer(
+        load_config(None, [*collapsed, f"steps={COLLAPSE_STEPS - 1}", f"run_dir={tmp_path / 'a'}"]), progress=False
+    ).run()
+    assert "warning" not in capsys.readouterr().out
+    Trainer(
+        load_config(None, [*collapsed, f"steps={COLLAPSE_STEPS + 2}", f"run_dir={tmp_path / 'b'}"]), progress=False
+    ).run()
+    out = capsys.readouterr().out
+    assert out.count("warning") == 1
+    assert f"steps 1-{COLLAPSE_STEPS} was invalid" in out and "learner.lr" in out and "learner.kl_coef" in out
 
 
 def test_a_killed_run_resumes_from_its_last_checkpoint(tiny_model_dir, tmp_path):
