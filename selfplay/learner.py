@@ -151,9 +151,8 @@ class Learner:
             logp = torch.cat(logprobs).float()[at]
             entropy = torch.cat(entropies).float()[at]
             lengths = torch.tensor([len(samples[i].response_ids) for i in members], device=logp.device)
-            advantage = torch.tensor([samples[i].advantage for i in members], device=logp.device)
-            advantage = advantage.repeat_interleave(lengths)
-            weight = torch.tensor([weight_of[i] for i in members], device=logp.device).repeat_interleave(lengths)
+            per_sample = [[samples[i].advantage for i in members], [weight_of[i] for i in members]]
+            advantage, weight = torch.tensor(per_sample, device=logp.device).repeat_interleave(lengths, dim=1)
             sampler = torch.tensor([lp for i in members for lp in samples[i].sampler_logprobs], device=logp.device)
             before = torch.cat([old[i] for i in members]) if old is not None else logp.detach()
             ratio_to_sampler = torch.exp(before - sampler)
