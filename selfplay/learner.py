@@ -35,7 +35,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from selfplay.backends.base import save_weights
 from selfplay.config import LearnerConfig
-from selfplay.scoring import response_logprobs, response_logprobs_and_entropy
+from selfplay.scoring import autocast, response_logprobs, response_logprobs_and_entropy
 
 
 @dataclass(frozen=True)
@@ -230,9 +230,7 @@ class Learner:
         self.reference_moved = True
 
     def _autocast(self):
-        if self.config.precision == "bf16":
-            return torch.autocast(device_type=torch.device(self.device).type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        return autocast(self.config.precision, torch.device(self.device).type)
 
     @contextlib.contextmanager
     def scoring_model(self):

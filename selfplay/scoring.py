@@ -3,9 +3,18 @@ what the warm start fits, and what exploitability probes read move probabilities
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import torch
+
+
+def autocast(precision: str, device_type: str):
+    """The context that runs a forward pass at `precision`: "bf16" autocasts matrix products to
+    bfloat16 (weights and optimizer state stay fp32), "fp32" changes nothing."""
+    if precision == "bf16":
+        return torch.autocast(device_type=device_type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def response_hidden(model, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> torch.Tensor:

@@ -268,7 +268,7 @@ class Trainer:
         if shared_base is not None and config.backend == "hf":
             backend = make_backend("hf", str(self.model_path), device=learner.device, model=learner.model)
         else:
-            backend = make_backend(config.backend, str(self.model_path))
+            backend = make_backend(config.backend, str(self.model_path), config.backend_precision)
         player = LearningPlayer(name, learner, backend)
         if checkpoint is not None:
             self._sync(player)
@@ -344,7 +344,7 @@ class Trainer:
                     f"The weights of league player '{name}' are missing ({weights}). The run directory is "
                     "incomplete: restore the file, or start a new run."
                 )
-            backend = make_backend("hf", str(self.model_path), device=self.config.device)
+            backend = make_backend("hf", str(self.model_path), self.config.backend_precision, device=self.config.device)
             backend.load_weights(weights, version=player.created_step)
             self.frozen[name] = backend
         return self.frozen[name]

@@ -41,6 +41,8 @@ MAX_PROMPT_TOKENS = 768
 STEPS = 1200
 BATCH_SIZE = 16
 LR = 1e-3
+# Matrix products in bfloat16 halve the build's time on CPUs with bfloat16 instructions.
+PRECISION = "bf16"
 # The size of an average example (prompt and response), for sizing batches by tokens.
 EXAMPLE_TOKENS = 360
 # Spread of the random player's preferences in each state: move probabilities are a softmax
@@ -266,16 +268,20 @@ def warm_start(
     seed: int = 0,
     games: dict[str, float] | None = None,
     tilt: float = TILT,
+    precision: str = "fp32",
     progress: bool = True,
 ) -> dict:
     """Fine-tune the model in `model_dir` on random legal play (loss on response tokens only):
     AdamW, linear warm-up then cosine decay to a tenth of `lr`, gradient clipping; `tilt` is
-    the random player's spread (`tilted_probs`; 0 imitates a uniform player). The same seed
+    the random player's spread (`tilted_probs`; 0 imitates a uniform player); `precision`
+    "bf16" runs the matrix products in bfloat16 (autocast; the weights stay fp32). The same seed
     gives the same weights. Saves a Hugging Face model directory (safetensors and
     tokenizer) to `out_dir`, or back to `model_dir`; returns the losses and the time taken."""
     import torch
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from selfplay.scoring import autocast
 
     started = time.perf_counter()
     model_dir = Path(model_dir)
@@ -307,7 +313,8 @@ def warm_start(
     losses = []
     bar = tqdm(range(steps), desc="warm start", unit="step", disable=not progress)
     for _ in bar:
-        loss, kl = _loss(model, next(batches))
+        with autocast(precision, "cpu"):
+            loss, kl = _loss(model, next(batches))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
@@ -329,6 +336,7 @@ def build_default_model(
     steps: int = STEPS,
     batch_size: int = BATCH_SIZE,
     lr: float = LR,
+    precision: str = PRECISION,
     seed: int = 0,
     progress: bool = True,
 ) -> Path:
@@ -341,7 +349,9 @@ def build_default_model(
     try:
         started = time.perf_counter()
         build_untrained(scratch, seed=seed)
-        result = warm_start(scratch, steps=steps, batch_size=batch_size, lr=lr, seed=seed, progress=progress)
+        result = warm_start(
+            scratch, steps=steps, batch_size=batch_size, lr=lr, seed=seed, precision=precision, progress=progress
+        )
         info = {
             "version": DEFAULT_MODEL_VERSION,
             "recipe": "build_untrained + warm_start on tilted random legal play",
@@ -349,6 +359,7 @@ def build_default_model(
             "steps": steps,
             "batch_size": batch_size,
             "lr": lr,
+            "precision": precision,
             "seed": seed,
             "final_kl": sum(result["losses"][-50:]) / len(result["losses"][-50:]),
             "seconds": round(time.perf_counter() - started, 1),
@@ -443,6 +454,7 @@ if __name__ == "__main__":
     parser.add_argument("--lr", type=float, default=LR)
     parser.add_argument("--tilt", type=float, default=TILT, help="the random player's spread; 0 is uniform")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--measure-only", action="store_true")
     parser.add_argument("--n", type=int, default=200)
     args = parser.parse_args()
@@ -460,6 +472,7 @@ if __name__ == "__main__":
             seed=args.seed,
             games=games,
             tilt=args.tilt,
+            precision=args.precision,
         )
         print(f"trained in {result['seconds']:.1f}s, final loss {sum(result['losses'][-20:]) / 20:.4f}")
         target = args.out or args.model_dir

@@ -1,7 +1,7 @@
 import torch
 from transformers import AutoModelForCausalLM
 
-from selfplay.backends import SamplingSettings, save_weights
+from selfplay.backends import SamplingSettings, make_backend, save_weights
 from selfplay.backends.hf_backend import HFBackend
 from selfplay.games import make_env
 from selfplay.prompts import opening_messages, prompt_ids
@@ -69,3 +69,23 @@ def test_loading_weights_changes_the_policy_and_its_version(tiny_model_dir, tmp_
     for prompt, generation in zip(prompts, after):
         step = changed(torch.tensor([prompt])).logits[0, -1]
         assert generation.token_ids[0] == int(step.argmax())
+
+
+def test_a_bf16_backend_holds_bf16_weights_and_casts_fp32_updates(tiny_model_dir, tmp_path):
+    backend = make_backend("hf", str(tiny_model_dir), "bf16")
+    assert {p.dtype for p in backend.model.parameters()} == {torch.bfloat16}
+    changed = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for parameter in changed.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.5)
+    backend.load_weights(save_weights(changed, tmp_path / "weights.safetensors"), version=1)
+    served = backend.model.state_dict()
+    for name, weight in changed.state_dict().items():
+        assert torch.equal(served[name], weight.to(torch.bfloat16)), name
+    prompts = game_prompts(backend.tokenizer)
+    sampled = backend.generate(prompts, SamplingSettings(max_new_tokens=6, seed=0))
+    for prompt, generation in zip(prompts, sampled):
+        assert generation.token_ids and generation.policy_version == 1
+        expected = recomputed_logprobs(backend.model, prompt, generation.token_ids, 1.0)
+        assert torch.allclose(torch.tensor(generation.logprobs), expected, atol=0.05)

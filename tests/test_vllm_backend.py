@@ -17,6 +17,7 @@ import torch  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
+from selfplay.backends import make_backend  # noqa: E402
 from selfplay.backends.base import SamplingSettings, save_weights  # noqa: E402
 from selfplay.backends.vllm_backend import VLLMBackend  # noqa: E402
 from selfplay.games import make_env  # noqa: E402
@@ -31,6 +32,9 @@ pytestmark = pytest.mark.vllm
 # still far below the gaps the check must tell apart (temperature ignored, or top-p
 # renormalisation: about 0.2 on these prompts).
 LOGPROB_TOLERANCE = 1e-4
+# A bf16 engine against float32 arithmetic on the same bf16-rounded weights, which leaves the
+# activations' rounding: measured 0.036. The weights it replaced are 2.8 away.
+BF16_LOGPROB_TOLERANCE = 0.1
 
 
 @pytest.fixture(scope="module")
@@ -216,13 +220,7 @@ def test_load_weights_serves_the_new_weights(backend, prompts, hf_model, tiny_mo
     greedy = SamplingSettings(max_new_tokens=24, temperature=0.0)
     before = backend.generate(prompts, greedy)
 
-    model = AutoModelForCausalLM.from_config(hf_model.config, dtype=torch.float32).eval()
-    model.load_state_dict(hf_model.state_dict())
-    model.generation_config = hf_model.generation_config
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn_like(param) * 0.05)
+    model = perturbed(hf_model)
     # The Hugging Face checkpoint format: with tied embeddings, lm_head.weight is
     # embed_tokens.weight and is not stored (safetensors refuses shared tensors anyway).
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
@@ -263,6 +261,34 @@ def test_load_weights_serves_the_new_weights(backend, prompts, hf_model, tiny_mo
     backend.load_weights(save_weights(model, tmp_path / "learner.safetensors"), version=3)
     assert max_logprob_gap(backend, model, prompts) < LOGPROB_TOLERANCE
     assert all(g.policy_version == 3 for g in backend.generate(prompts[:2], greedy))
+
+
+def test_a_bf16_engine_serves_the_learners_fp32_weights(tiny_model_dir, prompts, hf_model, tmp_path):
+    """The learner writes fp32 weights; a bf16 engine rounds them as it loads them."""
+    engine = make_backend("vllm", str(tiny_model_dir), "bf16")
+    try:
+        model = perturbed(hf_model)
+        engine.load_weights(save_weights(model, tmp_path / "learner.safetensors"), version=1)
+        rounded = perturbed(model, scale=0.0)
+        with torch.no_grad():
+            for param in rounded.parameters():
+                param.copy_(param.to(torch.bfloat16))
+        served, replaced = max_logprob_gap(engine, rounded, prompts), max_logprob_gap(engine, hf_model, prompts)
+        assert served < BF16_LOGPROB_TOLERANCE < replaced
+    finally:
+        engine.close()
+
+
+def perturbed(model, scale: float = 0.05):
+    """A float32 copy of `model` with Gaussian noise of `scale` added to every weight."""
+    copy = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32).eval()
+    copy.load_state_dict(model.state_dict())
+    copy.generation_config = model.generation_config
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for param in copy.parameters():
+            param.add_(torch.randn_like(param) * scale)
+    return copy
 
 
 def max_logprob_gap(backend, model, prompts) -> float:

@@ -117,13 +117,15 @@ def test_the_random_player_prefers_moves_by_state():
     assert all(d.move_probs == pytest.approx([1 / len(d.legal_moves)] * len(d.legal_moves)) for d in uniform)
 
 
-def test_warm_start_lowers_the_loss_and_saves_a_loadable_model(untrained, tmp_path):
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_warm_start_lowers_the_loss_and_saves_a_loadable_model(untrained, tmp_path, precision):
     out = tmp_path / "warm"
-    result = warm_start(untrained, out, steps=24, batch_size=4, lr=3e-3, seed=0, progress=False)
+    result = warm_start(untrained, out, steps=24, batch_size=4, lr=3e-3, seed=0, precision=precision, progress=False)
     losses = result["losses"]
     assert len(losses) == 24
     assert sum(losses[-4:]) / 4 < 0.5 * sum(losses[:4]) / 4
     model = transformers.AutoModelForCausalLM.from_pretrained(out)
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # autocast leaves weights fp32
     tok = transformers.AutoTokenizer.from_pretrained(out)
     assert model.config.vocab_size >= len(tok)
     assert (out / "model.safetensors").exists()

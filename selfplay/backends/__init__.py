@@ -5,16 +5,23 @@ from selfplay.backends.base import Generation, PolicyBackend, SamplingSettings, 
 BACKENDS = ("hf", "vllm")
 
 
-def make_backend(kind: str, model_path: str, **options) -> PolicyBackend:
-    """A backend of `kind` ("hf" or "vllm") serving the model at `model_path`."""
+PRECISIONS = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def make_backend(kind: str, model_path: str, precision: str = "fp32", **options) -> PolicyBackend:
+    """A backend of `kind` ("hf" or "vllm") serving the model at `model_path`, its weights held
+    at `precision` ("fp32" or "bf16"; weight updates are cast to it)."""
+    dtype = PRECISIONS[precision]
     if kind == "hf":
+        import torch
+
         from selfplay.backends.hf_backend import HFBackend
 
-        return HFBackend(model_path, **options)
+        return HFBackend(model_path, dtype=getattr(torch, dtype), **options)
     if kind == "vllm":
         from selfplay.backends.vllm_backend import VLLMBackend
 
-        return VLLMBackend(model_path, **options)
+        return VLLMBackend(model_path, dtype=dtype, **options)
     from selfplay.errors import UserError
 
     raise UserError(f"Unknown backend '{kind}'; choose one of {', '.join(BACKENDS)}.")
