@@ -272,9 +272,10 @@ class Learner:
             state.pop("lm_head.weight", None)
         return state
 
-    def export_weights(self, path: Path) -> Path:
-        """Write the policy's weights for `PolicyBackend.load_weights`."""
-        return save_weights(self.policy_state_dict(), path)
+    def export_weights(self, path: Path, dtype: torch.dtype = torch.float32) -> Path:
+        """Write the policy's weights for `PolicyBackend.load_weights`, cast to the backend's
+        `dtype` (a bf16 backend then reads half the bytes, and casts nothing)."""
+        return save_weights({name: tensor.to(dtype) for name, tensor in self.policy_state_dict().items()}, path)
 
     def save_pretrained(self, directory: Path) -> None:
         """A Hugging Face model directory (safetensors) of the policy, LoRA merged in; with LoRA

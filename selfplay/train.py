@@ -30,7 +30,7 @@ from transformers.utils import logging as transformers_logging
 
 from selfplay.advantages import advantage_stats, estimate
 from selfplay.agents import make_agent
-from selfplay.backends import PolicyBackend, SamplingSettings, make_backend
+from selfplay.backends import PRECISIONS, PolicyBackend, SamplingSettings, make_backend
 from selfplay.checkpoint import checkpoint_step, latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from selfplay.config import TrainConfig, config_to_dict, load_config
 from selfplay.default_model import resolve_model
@@ -287,7 +287,10 @@ class Trainer:
         if player.backend.shares_model:
             player.backend.version = self.step
         else:
-            player.backend.load_weights(player.learner.export_weights(self._sync_path(player.name)), version=self.step)
+            weights = player.learner.export_weights(
+                self._sync_path(player.name), PRECISIONS[self.config.backend_precision]
+            )
+            player.backend.load_weights(weights, version=self.step)
 
     def _sync_path(self, name: str) -> Path:
         path = self.run_dir / "sync" / f"{name}.safetensors"

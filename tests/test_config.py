@@ -33,6 +33,7 @@ def test_defaults_overrides_and_nested_sections(tmp_path):
         ("learner.lrr=1", "Unknown config key 'learner.lrr'"),
         ("stepz=3", "Unknown config key 'stepz'"),
         ("learner.loss=ppo2", "Bad value for 'learner.loss'"),
+        ("backend_precision=fp16", "Bad value for 'backend_precision'.*fp32, bf16"),
         ("steps=-1", "Bad value for 'steps'"),
         ("steps=two", "Bad value for 'steps'"),
         ("rollout.temperature=warm", "Bad value for 'rollout.temperature'"),

@@ -83,6 +83,25 @@ def test_training_moves_weights_syncs_the_backend_and_resumes(tiny_model_dir, tm
     assert logged_steps(run_dir) == [1, 2, 3]
 
 
+def test_a_bf16_backend_is_sent_the_learners_weights_in_bf16(tiny_model_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    overrides = [
+        *TINY,
+        "backend_precision=bf16",
+        "learner.precision=bf16",
+        f"model={tiny_model_dir}",
+        f"run_dir={run_dir}",
+    ]
+    trainer = Trainer(load_config(None, overrides), progress=False)
+    trainer.run()
+    trained = trainer.learner.model.state_dict()
+    assert all(tensor.dtype == torch.float32 for tensor in trained.values())  # the learner's stay fp32
+    served = trainer.backend.model.state_dict()
+    assert all(torch.equal(served[k], trained[k].to(torch.bfloat16)) for k in trained)
+    synced = load_file(str(run_dir / "sync" / "main.safetensors"))
+    assert {tensor.dtype for tensor in synced.values()} == {torch.bfloat16}
+
+
 @pytest.mark.parametrize(
     "learner", [[], ["learner.kl_coef=0.5", "learner.reference_update_every=1"]], ids=["plain", "moving_reference"]
 )

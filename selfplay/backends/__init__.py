@@ -1,11 +1,11 @@
 """Policy backends: batched generation and in-place weight updates (transformers, vLLM)."""
 
+import torch
+
 from selfplay.backends.base import Generation, PolicyBackend, SamplingSettings, save_weights
 
 BACKENDS = ("hf", "vllm")
-
-
-PRECISIONS = {"fp32": "float32", "bf16": "bfloat16"}
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}  # config name -> weight dtype
 
 
 def make_backend(kind: str, model_path: str, precision: str = "fp32", **options) -> PolicyBackend:
@@ -13,18 +13,16 @@ def make_backend(kind: str, model_path: str, precision: str = "fp32", **options)
     at `precision` ("fp32" or "bf16"; weight updates are cast to it)."""
     dtype = PRECISIONS[precision]
     if kind == "hf":
-        import torch
-
         from selfplay.backends.hf_backend import HFBackend
 
-        return HFBackend(model_path, dtype=getattr(torch, dtype), **options)
+        return HFBackend(model_path, dtype=dtype, **options)
     if kind == "vllm":
         from selfplay.backends.vllm_backend import VLLMBackend
 
-        return VLLMBackend(model_path, dtype=dtype, **options)
+        return VLLMBackend(model_path, dtype=str(dtype).removeprefix("torch."), **options)
     from selfplay.errors import UserError
 
     raise UserError(f"Unknown backend '{kind}'; choose one of {', '.join(BACKENDS)}.")
 
 
-__all__ = ["BACKENDS", "Generation", "PolicyBackend", "SamplingSettings", "make_backend", "save_weights"]
+__all__ = ["BACKENDS", "PRECISIONS", "Generation", "PolicyBackend", "SamplingSettings", "make_backend", "save_weights"]
