@@ -271,7 +271,7 @@ def warm_start(
     seed: int = 0,
     games: dict[str, float] | None = None,
     tilt: float = TILT,
-    precision: str = "fp32",
+    precision: str = PRECISION,
     progress: bool = True,
 ) -> dict:
     """Fine-tune the model in `model_dir` on random legal play (loss on response tokens only):
@@ -457,7 +457,7 @@ if __name__ == "__main__":
     parser.add_argument("--lr", type=float, default=LR)
     parser.add_argument("--tilt", type=float, default=TILT, help="the random player's spread; 0 is uniform")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default=PRECISION)
     parser.add_argument("--measure-only", action="store_true")
     parser.add_argument("--n", type=int, default=200)
     args = parser.parse_args()
