@@ -32,9 +32,9 @@ class RecordingBackend:
         self.calls = []
         self.tokens = 0
 
-    def generate_as_completed(self, prompts, sampling):
+    def generate_as_completed(self, prompts, sampling, choices=None):
         self.calls.append((prompts, sampling))
-        for finished in self.backend.generate_as_completed(prompts, sampling):
+        for finished in self.backend.generate_as_completed(prompts, sampling, choices):
             self.tokens += sum(len(generation.token_ids) for _, generation in finished)
             yield finished
 

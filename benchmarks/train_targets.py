@@ -46,17 +46,17 @@ def non_loss_vs_random(model_dir: str, game: str, episodes: int, seed: int, samp
     return figures
 
 
-def kuhn_exploitability(model_dir: str) -> float:
+def kuhn_exploitability(model_dir: str, decoding: str) -> float:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    return policy_exploitability(model, tokenizer, "kuhn_poker")
+    return policy_exploitability(model, tokenizer, "kuhn_poker", decoding=decoding)
 
 
 def measure(model_dir: str, games: list[str], episodes: int, seed: int, sampling: SamplingSettings) -> dict:
     figures = {}
     for game in games:
         if game == "kuhn_poker":
-            figures["kuhn_poker/exploitability"] = kuhn_exploitability(model_dir)
+            figures["kuhn_poker/exploitability"] = kuhn_exploitability(model_dir, sampling.decoding)
         figures[f"{game}/vs_random"] = non_loss_vs_random(model_dir, game, episodes, seed, sampling)
     return figures
 
@@ -69,7 +69,10 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=400, help="evaluation games per game (seats alternate)")
     args = parser.parse_args()
     config = load_config(args.config, [*args.overrides, f"max_minutes={args.minutes}"])
-    sampling = SamplingSettings(max_new_tokens=config.rollout.max_new_tokens, temperature=config.rollout.temperature)
+    rollout = config.rollout
+    sampling = SamplingSettings(
+        max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature, decoding=rollout.decoding
+    )
     games = list(config.games)
     before_dir = resolve_model(config.model)
     before = measure(before_dir, games, args.episodes, seed=12345, sampling=sampling)

@@ -303,7 +303,9 @@ def evaluate(candidates: Sequence[Candidate], settings: EvalSettings, progress: 
     finally:
         bar.close()
     if settings.exploitability:
-        results["exploitability"] = exploitabilities(candidates, [g for g in settings.games if g in SUPPORTED_GAMES])
+        results["exploitability"] = exploitabilities(
+            candidates, [g for g in settings.games if g in SUPPORTED_GAMES], settings.rollout.sampling.decoding
+        )
     return results
 
 
@@ -362,8 +364,8 @@ def round_robin(
     }
 
 
-def exploitabilities(candidates: Sequence[Candidate], games: Sequence[str]) -> list[dict]:
-    """Exact exploitability of each candidate's policy in each small game."""
+def exploitabilities(candidates: Sequence[Candidate], games: Sequence[str], decoding: str = "free") -> list[dict]:
+    """Exact exploitability of each candidate's policy (sampled with `decoding`) in each small game."""
     if not games:
         return []
     from selfplay.evaluation.exploitability import policy_exploitability
@@ -372,6 +374,6 @@ def exploitabilities(candidates: Sequence[Candidate], games: Sequence[str]) -> l
     for candidate in candidates:
         model, tokenizer = candidate.network()
         for game in games:
-            value = policy_exploitability(model, tokenizer, game)
+            value = policy_exploitability(model, tokenizer, game, decoding=decoding)
             rows.append({"candidate": candidate.name, "step": candidate.step, "game": game, "exploitability": value})
     return rows

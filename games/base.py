@@ -48,6 +48,9 @@ class TextGame(ABC):
     agent_names: tuple[str, ...] = ()
     roles: tuple[str, ...] = ()
     zero_sum: bool = True  # the seats' returns always sum to 0
+    # `legal_moves` names every legal move; False where moves are free text and it gives examples
+    # (legal decoding, which writes only listed moves, needs it True).
+    lists_every_move: bool = True
 
     @abstractmethod
     def reset(self, rng: np.random.Generator) -> None:

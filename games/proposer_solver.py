@@ -39,6 +39,7 @@ class ProposerSolver(TextGame):
 
     observation_shape = (3,)
     zero_sum = False
+    lists_every_move = False
 
     def __init__(
         self,

@@ -138,6 +138,7 @@ class SecretKeeping(TextGame):
     stats: Counter = Counter()  # shared by every game in the process, for `training_metrics`
     observation_shape = (4,)
     answer_format = ANSWER_TAGS
+    lists_every_move = False
 
     def __init__(
         self,

@@ -14,7 +14,10 @@ from selfplay.errors import UserError
 from selfplay.evaluation.scoreboard import format_table, tally
 from selfplay.games import InvalidMovePolicy, describe_games
 from selfplay.games.registry import ENTRY_POINT_GROUP
+from selfplay.legal_decoding import DECODINGS
 from selfplay.match import play_series
+
+DECODING_HELP = "free: the model writes any text; legal: only answers naming a legal move (default free)"
 
 
 def _cmd_play(args: argparse.Namespace) -> int:
@@ -26,7 +29,9 @@ def _cmd_play(args: argparse.Namespace) -> int:
         args.seed,
         invalid_moves=InvalidMovePolicy(retries=args.retries),
         max_turns=args.max_turns,
-        sampling=SamplingSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature),
+        sampling=SamplingSettings(
+            max_new_tokens=args.max_new_tokens, temperature=args.temperature, decoding=args.decoding
+        ),
         observation_mode=args.observation_mode,
         backend=args.backend,
         # A progress bar would interleave with a human player's prompts.
@@ -76,7 +81,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         episodes=args.episodes or int(suite.get("episodes", 50)),
         seed=args.seed,
         rollout=RolloutSettings(
-            sampling=SamplingSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature),
+            sampling=SamplingSettings(
+                max_new_tokens=args.max_new_tokens, temperature=args.temperature, decoding=args.decoding
+            ),
             max_turns=args.max_turns,
         ),
         backend=args.backend,
@@ -170,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     play.add_argument(
         "--temperature", type=float, default=1.0, help="model sampling temperature; 0 is greedy (default 1)"
     )
+    play.add_argument("--decoding", choices=DECODINGS, default="free", help=DECODING_HELP)
     play.add_argument(
         "--max-new-tokens", type=_positive_int, default=64, help="token limit per model turn (default 64)"
     )
@@ -226,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--out", default="eval", help="output directory (default ./eval)")
     evaluation.add_argument("--backend", choices=BACKENDS, default="hf", help="generation backend (default hf)")
     evaluation.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1)")
+    evaluation.add_argument("--decoding", choices=DECODINGS, default="free", help=DECODING_HELP)
     evaluation.add_argument("--max-new-tokens", type=_positive_int, default=32, help="tokens per turn (default 32)")
     evaluation.add_argument("--max-turns", type=_positive_int, default=50, help="turn cap per game (default 50)")
     evaluation.add_argument("--no-round-robin", action="store_true", help="skip the round robin between checkpoints")

@@ -28,6 +28,7 @@ class RolloutConfig:
     max_new_tokens: int = 32  # per turn; a response cut off here is an invalid move
     temperature: float = 1.0
     top_p: float = 1.0
+    decoding: Literal["free", "legal"] = "free"  # legal: write only answers naming a legal move (action masking)
     retries: int = 0  # re-asks after an invalid move before it ends the game
     invalid_penalty: float = -1.5  # SPIRAL's training values
     invalid_opponent_reward: float = 0.5

@@ -35,6 +35,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from selfplay.backends.base import save_weights
 from selfplay.config import LearnerConfig
+from selfplay.errors import UserError
+from selfplay.legal_decoding import Choices
 from selfplay.scoring import autocast, response_logprobs, response_logprobs_and_entropy
 
 
@@ -46,6 +48,7 @@ class Sample:
     response_ids: tuple[int, ...]
     sampler_logprobs: tuple[float, ...]
     advantage: float
+    choices: Choices = ()  # the legal answers' ids when legal decoding sampled it (`selfplay.legal_decoding`)
 
 
 class Learner:
@@ -138,7 +141,11 @@ class Learner:
             batch = [samples[i] for i in chunk]
             with self._autocast():
                 logprobs, entropies = response_logprobs_and_entropy(
-                    self.model, [s.prompt_ids for s in batch], [s.response_ids for s in batch], self.temperature
+                    self.model,
+                    [s.prompt_ids for s in batch],
+                    [s.response_ids for s in batch],
+                    self.temperature,
+                    [s.choices for s in batch],
                 )
             # Every copy of a sequence reads the log-probs computed once for it; from here on all
             # is per token of the chunk's samples, copies included, as if each had run alone.
@@ -186,6 +193,13 @@ class Learner:
         grad_norm = torch.nn.utils.clip_grad_norm_(
             [p for p in self.model.parameters() if p.requires_grad], config.max_grad_norm
         )
+        if not torch.isfinite(grad_norm):  # one such step would make every weight NaN
+            self.optimizer.zero_grad(set_to_none=True)
+            raise UserError(
+                f"The learner's gradient is not finite (norm {grad_norm.item()}), so the update was not applied. "
+                "Lower learner.lr or use learner.precision=fp32, then continue from the last checkpoint "
+                "with --resume."
+            )
         self.optimizer.step()
         loss = sums.pop("loss")
         stats = {name: value / tokens for name, value in sums.items()}
@@ -200,7 +214,11 @@ class Learner:
             for chunk in _micro_batches(list(copies), samples, self.config.micro_batch_tokens):
                 batch = [samples[i] for i in chunk]
                 scored = response_logprobs(
-                    model, [s.prompt_ids for s in batch], [s.response_ids for s in batch], self.temperature
+                    model,
+                    [s.prompt_ids for s in batch],
+                    [s.response_ids for s in batch],
+                    self.temperature,
+                    [s.choices for s in batch],
                 )
                 for first, logp in zip(chunk, scored):
                     logp = logp.float()

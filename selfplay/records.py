@@ -42,6 +42,7 @@ class Turn:
     finish_reason: str  # "stop" or "length"
     invalid: bool  # the response named no legal move (or was cut off)
     reward: float  # reward the environment gave this seat right after this move
+    choices: tuple[tuple[int, ...], ...] = ()  # legal decoding's legal answers (token ids); () if sampled freely
 
 
 @dataclass(frozen=True)

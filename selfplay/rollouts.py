@@ -27,6 +27,7 @@ import numpy as np
 from selfplay.agents import Agent, make_agent
 from selfplay.backends import Generation, PolicyBackend, SamplingSettings
 from selfplay.games import InvalidMovePolicy, TextGameEnv, UnfinishedOutput, make_env
+from selfplay.legal_decoding import Choices, answer_choices
 from selfplay.prompts import Message, ObservationMode, batch_prompt_ids, opening_messages
 from selfplay.records import MatchResult, Trajectory, Turn
 
@@ -59,6 +60,7 @@ class _Prompt:
     seat: int
     messages: list[Message]
     ids: list[int]
+    choices: Choices = ()  # under legal decoding, the legal answers it may write
 
 
 @dataclass
@@ -76,6 +78,7 @@ class RolloutEngine:
         self.players = dict(players)
         self.settings = settings
         self._idle_envs: dict[str, list[TextGameEnv]] = defaultdict(list)
+        self._answer_ids: dict[str, dict[str, tuple[int, ...]]] = defaultdict(dict)  # per policy label
 
     def run(self, matches: Iterable[MatchSpec]) -> Iterator[Trajectory]:
         """Play every match, yielding each game's trajectory as soon as it ends."""
@@ -163,17 +166,32 @@ class RolloutEngine:
         for game in games:
             seat = self._seat_to_move(game)
             by_label[game.match.players[seat]].append((game, seat))
+        legal = self.settings.sampling.decoding == "legal"
         for label, waiting in by_label.items():
+            tokenizer = self.players[label].tokenizer
             messages = [self._messages(game, seat) for game, seat in waiting]
-            ids = batch_prompt_ids(self.players[label].tokenizer, messages)
+            ids = batch_prompt_ids(tokenizer, messages)
             for (game, seat), chat, prompt in zip(waiting, messages, ids):
-                game.prompt = _Prompt(label, seat, chat, prompt)
+                choices = self._choices(game, label) if legal else ()
+                game.prompt = _Prompt(label, seat, chat, prompt, choices)
+
+    def _choices(self, game: _LiveGame, label: str) -> Choices:
+        """The answers legal decoding may write in `game`'s current state."""
+        if not game.env.game.lists_every_move:
+            raise ValueError(
+                f"legal decoding needs games that list every legal move; '{game.match.game}' takes free text"
+            )
+        tokenizer = self.players[label].tokenizer
+        answers = [game.env.answer(move) for move in game.env.legal_moves()]
+        return answer_choices(answers, tokenizer, tokenizer.eos_token_id, self._answer_ids[label])
 
     def _play_model_turns(self, label: str, games: list[_LiveGame], tick: int) -> None:
         backend = self.players[label]
         seed = int(np.random.SeedSequence([self.settings.sampling.seed, tick]).generate_state(1)[0])
         prompts = [game.prompt.ids for game in games]
-        for finished in backend.generate_as_completed(prompts, replace(self.settings.sampling, seed=seed)):
+        sampling = replace(self.settings.sampling, seed=seed)
+        choices = [game.prompt.choices for game in games] if sampling.decoding == "legal" else None
+        for finished in backend.generate_as_completed(prompts, sampling, choices):
             moved = [games[index] for index, _ in finished]
             for game, (_, generation) in zip(moved, finished):
                 self._apply(game, generation)
@@ -204,6 +222,7 @@ class RolloutEngine:
                 finish_reason=generation.finish_reason,
                 invalid=len(env.invalid_log[agent]) > invalid_before,
                 reward=float(env.rewards.get(agent, 0.0)),
+                choices=prompt.choices,
             )
         )
 

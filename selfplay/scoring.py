@@ -8,6 +8,8 @@ from collections.abc import Sequence
 
 import torch
 
+from selfplay.legal_decoding import Choices, allowed_mask, masked_log_softmax
+
 
 def autocast(precision: str, device_type: str):
     """The context that runs a forward pass at `precision`: "bf16" autocasts matrix products to
@@ -50,11 +52,16 @@ def response_hidden(model, prompts: Sequence[Sequence[int]], responses: Sequence
 
 
 def response_logprobs(
-    model, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], temperature: float = 1.0
+    model,
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    temperature: float = 1.0,
+    choices: Sequence[Choices] | None = None,
 ) -> list[torch.Tensor]:
-    """log softmax(logits / T) of each response token given its prompt, one tensor per pair.
-    Gradients flow when the caller has them enabled."""
-    return response_logprobs_and_entropy(model, prompts, responses, temperature, entropy=False)[0]
+    """log softmax(logits / T) of each response token given its prompt, one tensor per pair;
+    with `choices` (one per response, empty for a freely sampled one), softmax over the tokens
+    legal decoding allowed at each position. Gradients flow when the caller has them enabled."""
+    return response_logprobs_and_entropy(model, prompts, responses, temperature, choices, entropy=False)[0]
 
 
 def response_logprobs_and_entropy(
@@ -62,19 +69,28 @@ def response_logprobs_and_entropy(
     prompts: Sequence[Sequence[int]],
     responses: Sequence[Sequence[int]],
     temperature: float = 1.0,
+    choices: Sequence[Choices] | None = None,
     entropy: bool = True,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-    """`response_logprobs`, and the entropy of the model's next-token distribution at each of
-    those positions (None when `entropy` is off)."""
+    """`response_logprobs`, and the entropy of the (legal decoding's renormalised) next-token
+    distribution at each of those positions (None when `entropy` is off)."""
     # The output head runs on response positions only: over whole prompts it is most of the cost.
     logits = model.get_output_embeddings()(response_hidden(model, prompts, responses)).float()
     if temperature not in (0, 1):
         logits = logits / temperature
     targets = torch.tensor([t for r in responses for t in r], device=logits.device)
-    all_logprobs = torch.log_softmax(logits, dim=-1)
     lengths = [len(r) for r in responses]
+    if choices is not None and any(choices):
+        mask = allowed_mask(responses, choices, logits.shape[-1]).to(logits.device)
+        all_logprobs = masked_log_softmax(logits, mask)
+    else:
+        mask = None
+        all_logprobs = torch.log_softmax(logits, dim=-1)
     token_logprobs = all_logprobs.gather(-1, targets[:, None]).squeeze(-1)
     entropies = None
     if entropy:
-        entropies = list((-(all_logprobs.exp() * all_logprobs).sum(-1)).split(lengths))
+        # Tokens legal decoding did not allow have log-probability -inf: read as 0, they add
+        # nothing to the entropy, and no NaN (0 * -inf) reaches its value or its gradient.
+        finite = all_logprobs if mask is None else all_logprobs.masked_fill(~mask, 0.0)
+        entropies = list((-(finite.exp() * finite).sum(-1)).split(lengths))
     return list(token_logprobs.split(lengths)), entropies

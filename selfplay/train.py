@@ -105,6 +105,15 @@ def validate(config: TrainConfig) -> None:
             f"advantages.estimator={config.advantages.estimator} compares plays of the same game start: "
             "set advantages.group_size to 2 or more."
         )
+    if config.rollout.decoding == "legal":
+        free_text = [game for game in config.games if not make_game(game).lists_every_move]
+        if free_text:
+            raise UserError(
+                f"rollout.decoding=legal writes only listed legal moves, but {', '.join(free_text)} take free text: "
+                "train those games with rollout.decoding=free."
+            )
+        if config.rollout.top_p < 1:
+            raise UserError("rollout.top_p applies to free decoding only: with rollout.decoding=legal leave it at 1.")
     for name in ("games_per_step", "concurrency", "max_new_tokens"):
         if getattr(config.rollout, name) < 1:
             raise UserError(f"rollout.{name} must be at least 1.")
@@ -224,7 +233,10 @@ class Trainer:
         rollout = config.rollout
         self.rollout_settings = RolloutSettings(
             sampling=SamplingSettings(
-                max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature, top_p=rollout.top_p
+                max_new_tokens=rollout.max_new_tokens,
+                temperature=rollout.temperature,
+                top_p=rollout.top_p,
+                decoding=rollout.decoding,
             ),
             observation_mode=rollout.observation_mode,
             max_turns=rollout.max_turns,
@@ -432,7 +444,7 @@ class Trainer:
                 config.advantages.estimator, learned, player.baselines, decay=config.advantages.decay, key=advantage_key
             )
             samples = [
-                Sample(turn.prompt_ids, turn.response_ids, turn.logprobs, advantage)
+                Sample(turn.prompt_ids, turn.response_ids, turn.logprobs, advantage, turn.choices)
                 for trajectory, values in zip(learned, advantages)
                 for turn, advantage in zip(trajectory.turns, values)
             ]
@@ -498,7 +510,9 @@ class Trainer:
                 metrics[f"eval/{row['game']}/{row['opponent']}/{name}"] = row[name]
         for game in (g for g in self.eval_pairings if g in SUPPORTED_GAMES):
             with self.learner.scoring_model() as model:
-                metrics[f"eval/{game}/exploitability"] = policy_exploitability(model, self.learner.tokenizer, game)
+                metrics[f"eval/{game}/exploitability"] = policy_exploitability(
+                    model, self.learner.tokenizer, game, decoding=self.config.rollout.decoding
+                )
         metrics["time/eval_s"] = time.perf_counter() - started
         return metrics
 

@@ -55,3 +55,19 @@ def tiny_model_dir(tmp_path_factory):
     from selfplay.default_model import build_untrained
 
     return build_untrained(tmp_path_factory.mktemp("models") / "untrained")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def hf_model(tiny_model_dir):
+    """The tiny model in float32, for reading probabilities (tests must not change its weights)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()

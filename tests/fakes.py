@@ -20,8 +20,14 @@ class LegalMoveBackend(PolicyBackend):
         self.rng = random.Random(seed)
         self.batch_sizes: list[int] = []
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[Generation]:
+    def generate(self, prompts: list[list[int]], sampling: SamplingSettings, choices=None) -> list[Generation]:
         self.batch_sizes.append(len(prompts))
+        if choices is not None:  # legal decoding: one of the choices
+            picked = [self.rng.choice(options) for options in choices]
+            return [
+                Generation(ids, (-0.5,) * len(ids), self.tokenizer.decode(ids[:-1]), "stop", self.version)
+                for ids in picked
+            ]
         return [self._answer(self.tokenizer.decode(prompt)) for prompt in prompts]
 
     def _answer(self, prompt: str) -> Generation:
@@ -60,8 +66,8 @@ class ShuffledHandoverBackend(LegalMoveBackend):
         self.handover_rng = random.Random(handover_seed)
         self.tokenizer_calls_at_handovers: list[list[int]] = []
 
-    def generate_as_completed(self, prompts, sampling):
-        pending = list(enumerate(self.generate(prompts, sampling)))
+    def generate_as_completed(self, prompts, sampling, choices=None):
+        pending = list(enumerate(self.generate(prompts, sampling, choices)))
         self.handover_rng.shuffle(pending)
         calls: list[int] = []
         self.tokenizer_calls_at_handovers.append(calls)

@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM
 from selfplay.backends import SamplingSettings
 from selfplay.backends.hf_backend import HFBackend
 from selfplay.config import LearnerConfig, LoraConfig
+from selfplay.errors import UserError
 from selfplay.games import make_env
 from selfplay.learner import Learner, Sample, scheduled_lr
 from selfplay.prompts import opening_messages, prompt_ids
@@ -172,6 +173,15 @@ def test_bf16_autocast_updates(tiny_model_dir, prompt):
     learner = Learner(str(tiny_model_dir), LearnerConfig(lr=1e-3, precision="bf16"), seed=0)
     stats = learner.update([sampled(learner, prompt, [5, 6, 7], 1.0)])
     assert math.isfinite(stats["loss"]) and stats["grad_norm"] > 0
+
+
+def test_a_non_finite_gradient_is_refused_and_leaves_the_weights_as_they_were(tiny_model_dir, prompt):
+    learner = Learner(str(tiny_model_dir), LearnerConfig(lr=1e-3), seed=0)
+    before = {k: v.clone() for k, v in learner.model.state_dict().items()}
+    with pytest.raises(UserError, match="gradient is not finite"):
+        learner.update([sampled(learner, prompt, [5, 6, 7], math.nan)])
+    assert all(torch.equal(before[k], v) for k, v in learner.model.state_dict().items())
+    assert math.isfinite(learner.update([sampled(learner, prompt, [5, 6, 7], 1.0)])["loss"])
 
 
 def test_lora_learners_share_one_frozen_base_and_generate_from_it(tiny_model_dir, prompt, tmp_path):

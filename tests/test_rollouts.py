@@ -1,7 +1,6 @@
 from collections import Counter
 
 import pytest
-from transformers import AutoTokenizer
 
 from selfplay.backends import SamplingSettings
 from selfplay.backends.hf_backend import HFBackend
@@ -10,11 +9,6 @@ from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
 from tests.fakes import LegalMoveBackend, ShuffledHandoverBackend
 
 MIXED_GAMES = ["tictactoe", "kuhn_poker", "connect_four", "leduc_holdem", "negotiation", "openspiel:connect_four"]
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ pytest.importorskip("vllm")
 
 import torch  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
 
 from selfplay.backends import make_backend  # noqa: E402
 from selfplay.backends.base import SamplingSettings, save_weights  # noqa: E402
@@ -23,6 +23,8 @@ from selfplay.backends.vllm_backend import VLLMBackend  # noqa: E402
 from selfplay.games import make_env  # noqa: E402
 from selfplay.prompts import opening_messages, prompt_ids  # noqa: E402
 from selfplay.rollouts import RolloutEngine  # noqa: E402
+from selfplay.scoring import response_logprobs  # noqa: E402
+from tests.test_legal_decoding import turns_with_choices  # noqa: E402
 from tests.test_rollouts import play_mixed_batch  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -35,16 +37,6 @@ LOGPROB_TOLERANCE = 1e-4
 # A bf16 engine against float32 arithmetic on the same bf16-rounded weights, which leaves the
 # activations' rounding: measured 0.036. The weights it replaced are 2.8 away.
 BF16_LOGPROB_TOLERANCE = 0.1
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
-def hf_model(tiny_model_dir):
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")
@@ -200,6 +192,27 @@ def test_rollouts_with_mixed_games_and_agents_are_well_formed(backend, tokenizer
     for first, second in zip(trajectories, again):
         for a, b in zip(first.turns, second.turns):
             assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+def test_legal_decoding_writes_a_choice_with_the_learners_masked_logprobs(backend, tokenizer, hf_model, temperature):
+    turns = turns_with_choices(tokenizer)
+    prompts, choices = [t[0] for t in turns], [t[1] for t in turns]
+    sampling = SamplingSettings(temperature=temperature, seed=4, decoding="legal")
+    generations = backend.generate(prompts, sampling, choices)
+    responses = [g.token_ids for g in generations]
+    scored = response_logprobs(hf_model, prompts, responses, temperature or 1.0, choices)
+    for generation, options, (_, _, answers), logp in zip(generations, choices, turns, scored):
+        assert generation.token_ids in options and generation.text in answers
+        assert generation.logprobs == pytest.approx(logp.tolist(), abs=LOGPROB_TOLERANCE)
+    if temperature == 0:  # the legal answer the model likes best
+        for generation, prompt, options in zip(generations, prompts, choices):
+            totals = response_logprobs(hf_model, [prompt] * len(options), list(options), 1.0, [options] * len(options))
+            assert generation.token_ids == options[max(range(len(options)), key=lambda i: totals[i].sum().item())]
+    else:
+        again = backend.generate(prompts, sampling, choices)  # same seed (log-probs may differ in the last digits)
+        assert [g.token_ids for g in again] == responses
+        assert len({g.text for g in generations}) > 3
 
 
 def test_close_releases_the_engine_and_another_can_start(tiny_model_dir, prompts):

@@ -12,16 +12,22 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
+
+from selfplay.legal_decoding import Choices
 
 
 @dataclass(frozen=True)
 class SamplingSettings:
-    """How to sample one batch. `temperature=0` is greedy."""
+    """How to sample one batch. `temperature=0` is greedy. `decoding="legal"` writes only answers
+    naming a legal move (`selfplay.legal_decoding`): the rollout engine gives the backend each
+    prompt's choices, and top_p does not apply."""
 
     max_new_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int = 0
+    decoding: Literal["free", "legal"] = "free"
 
 
 @dataclass(frozen=True)
@@ -43,17 +49,20 @@ class PolicyBackend(ABC):
     shares_model: bool = False  # generates with the learner's own in-memory model: nothing to load
 
     @abstractmethod
-    def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[Generation]:
-        """One response per prompt (token ids), in order. Same seed and prompts, same output."""
+    def generate(
+        self, prompts: list[list[int]], sampling: SamplingSettings, choices: list[Choices] | None = None
+    ) -> list[Generation]:
+        """One response per prompt (token ids), in order. Same seed and prompts, same output.
+        With `choices` (legal decoding), each response is one of its prompt's choices."""
 
     def generate_as_completed(
-        self, prompts: list[list[int]], sampling: SamplingSettings
+        self, prompts: list[list[int]], sampling: SamplingSettings, choices: list[Choices] | None = None
     ) -> Iterator[list[tuple[int, Generation]]]:
         """The responses `generate` gives, handed over as they finish: groups of (prompt index,
         generation), each group what finished together. A caller can work on early finishers
         while the rest are still sampling. Backends that sample the whole batch at once hand
         it over as one group."""
-        yield list(enumerate(self.generate(prompts, sampling)))
+        yield list(enumerate(self.generate(prompts, sampling, choices)))
 
     def clear_prefix_cache(self) -> None:
         """Forget every cached prompt prefix, so the next batch computes its prompts in full.

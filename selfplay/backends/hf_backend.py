@@ -10,6 +10,8 @@ from safetensors.torch import load_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from selfplay.backends.base import Generation, PolicyBackend, SamplingSettings, cut_at_stop
+from selfplay.legal_decoding import Choices, legal_decode, masked_log_softmax
+from selfplay.scoring import response_hidden
 
 
 class HFBackend(PolicyBackend):
@@ -44,7 +46,9 @@ class HFBackend(PolicyBackend):
         self.version = 0
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[Generation]:
+    def generate(
+        self, prompts: list[list[int]], sampling: SamplingSettings, choices: list[Choices] | None = None
+    ) -> list[Generation]:
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         results: list[Generation | None] = [None] * len(prompts)
         # Sampling draws from torch's global generator; fork it so a seed here never
@@ -57,7 +61,12 @@ class HFBackend(PolicyBackend):
                 torch.manual_seed(sampling.seed)
                 for start in range(0, len(order), self.max_batch_size):
                     chunk = order[start : start + self.max_batch_size]
-                    for i, generation in zip(chunk, self._generate_batch([prompts[i] for i in chunk], sampling)):
+                    batch = [prompts[i] for i in chunk]
+                    if choices is None:
+                        generations = self._generate_batch(batch, sampling)
+                    else:
+                        generations = self._generate_legal(batch, [choices[i] for i in chunk], sampling)
+                    for i, generation in zip(chunk, generations):
                         results[i] = generation
         finally:
             self.model.train(training)
@@ -93,6 +102,33 @@ class HFBackend(PolicyBackend):
         return [
             cut_at_stop(new_tokens[row].tolist(), logprobs[row].tolist(), self.eos_ids, self.tokenizer, self.version)
             for row in range(len(prompts))
+        ]
+
+    def _generate_legal(
+        self, prompts: list[list[int]], choices: list[Choices], sampling: SamplingSettings
+    ) -> list[Generation]:
+        """Legal decoding: the model runs once per round for every response waiting on a choice
+        between tokens, and the token is drawn from its probabilities over those allowed."""
+        greedy = sampling.temperature == 0
+
+        def sample(rows, written, allowed, _round) -> list[tuple[int, float]]:
+            # A placeholder response token makes `response_hidden` return the state after the context.
+            contexts = [[*prompts[row], *response] for row, response in zip(rows, written)]
+            hidden = response_hidden(self.model, contexts, [[0]] * len(contexts))
+            logits = self.model.get_output_embeddings()(hidden).float()
+            if not greedy:
+                logits = logits / sampling.temperature
+            mask = torch.zeros_like(logits, dtype=torch.bool)
+            for i, tokens in enumerate(allowed):
+                mask[i, list(tokens)] = True
+            logp = masked_log_softmax(logits, mask)
+            picked = logp.argmax(-1) if greedy else torch.multinomial(logp.exp(), 1).squeeze(-1)
+            return [(int(token), float(logp[i, token])) for i, token in enumerate(picked)]
+
+        responses, logprobs = legal_decode(choices, sample)
+        return [
+            cut_at_stop(response, logp, self.eos_ids, self.tokenizer, self.version)
+            for response, logp in zip(responses, logprobs)
         ]
 
     def load_weights(self, path: Path, version: int) -> None:

@@ -17,6 +17,7 @@ import hashlib
 import itertools
 import os
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ import torch
 
 from selfplay.backends.base import Generation, PolicyBackend, SamplingSettings, cut_at_stop
 from selfplay.errors import UserError
+from selfplay.legal_decoding import Choices, legal_decode
 
 WORKER_EXTENSION = "selfplay.backends.vllm_worker.SelfplayWorkerExtension"
 # KV-cache size on CPU when neither `gpu_memory_utilization` nor VLLM_CPU_KVCACHE_SPACE says
@@ -152,35 +154,47 @@ class VLLMBackend(PolicyBackend):
             raise RuntimeError(f"vLLM workers did not switch to {mode}: {modes}")
         self._logprobs_mode = mode
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[Generation]:
+    def generate(
+        self, prompts: list[list[int]], sampling: SamplingSettings, choices: list[Choices] | None = None
+    ) -> list[Generation]:
         generations: list[Generation | None] = [None] * len(prompts)
-        for finished in self.generate_as_completed(prompts, sampling):
+        for finished in self.generate_as_completed(prompts, sampling, choices):
             for index, generation in finished:
                 generations[index] = generation
         return generations
 
     def generate_as_completed(
-        self, prompts: list[list[int]], sampling: SamplingSettings
+        self, prompts: list[list[int]], sampling: SamplingSettings, choices: list[Choices] | None = None
     ) -> Iterator[list[tuple[int, Generation]]]:
         """The requests go to the engine, whose core samples them in steps in its own process
         while this one takes each step's finished requests: a caller's work on those overlaps
-        the sampling of the rest. One batch at a time per backend."""
-        from vllm.inputs import tokens_input
-
+        the sampling of the rest. One batch at a time per backend. Legal decoding hands the
+        batch over whole."""
         if not prompts:
             return
+        if choices is not None:
+            yield list(enumerate(self._generate_legal(prompts, choices, sampling)))
+            return
         self._set_logprobs_mode(logprobs_mode_for(sampling))
+        params = [self._sampling_params(sampling, index) for index in range(len(prompts))]
+        for finished in self._run(prompts, params):
+            yield [(index, self._to_generation(completion)) for index, completion in finished]
+
+    def _run(self, prompts: list[list[int]], params: list) -> Iterator[list[tuple[int, Any]]]:
+        """Each prompt's completion from the engine, in groups as they finish."""
+        from vllm.inputs import tokens_input
+
         engine = self.llm.llm_engine
         batch = next(self._batches)
         unfinished: dict[str, int] = {}  # request id -> prompt index
         try:
-            for index, prompt in enumerate(prompts):
+            for index, (prompt, request_params) in enumerate(zip(prompts, params)):
                 request_id = f"{batch}-{index}"
-                engine.add_request(request_id, tokens_input(list(prompt)), self._sampling_params(sampling, index))
+                engine.add_request(request_id, tokens_input(list(prompt)), request_params)
                 unfinished[request_id] = index
             while unfinished:
                 finished = [
-                    (unfinished.pop(output.request_id), self._to_generation(output.outputs[0]))
+                    (unfinished.pop(output.request_id), output.outputs[0])
                     for output in engine.step()
                     if output.finished
                 ]
@@ -190,7 +204,35 @@ class VLLMBackend(PolicyBackend):
             if unfinished:  # the caller stopped early, or a request was refused
                 engine.abort_request(list(unfinished))
 
-    def _sampling_params(self, sampling: SamplingSettings, index: int):
+    def _generate_legal(
+        self, prompts: list[list[int]], choices: list[Choices], sampling: SamplingSettings
+    ) -> list[Generation]:
+        """Legal decoding: each round, every response waiting on a choice between tokens is
+        sampled one token by the engine, limited to those (`allowed_token_ids`, applied before
+        the processed log-probability is taken)."""
+        self._set_logprobs_mode("processed_logprobs")
+        one_token = replace(sampling, max_new_tokens=1)
+
+        def sample(rows, written, allowed, round_) -> list[tuple[int, float]]:
+            contexts = [[*prompts[row], *response] for row, response in zip(rows, written)]
+            params = [
+                self._sampling_params(one_token, round_ * len(prompts) + row, allowed_token_ids=list(tokens))
+                for row, tokens in zip(rows, allowed)
+            ]
+            drawn: list[tuple[int, float]] = [(0, 0.0)] * len(rows)
+            for finished in self._run(contexts, params):
+                for index, completion in finished:
+                    token = completion.token_ids[0]
+                    drawn[index] = (token, completion.logprobs[0][token].logprob)
+            return drawn
+
+        responses, logprobs = legal_decode(choices, sample)
+        return [
+            cut_at_stop(response, logp, self.eos_ids, self.tokenizer, self.version)
+            for response, logp in zip(responses, logprobs)
+        ]
+
+    def _sampling_params(self, sampling: SamplingSettings, index: int, **extra):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -207,6 +249,7 @@ class VLLMBackend(PolicyBackend):
             output_kind=RequestOutputKind.FINAL_ONLY,
             # Each request gets its own params, so the engine need not deep-copy them.
             skip_clone=True,
+            **extra,
         )
 
     def _to_generation(self, completion) -> Generation:
