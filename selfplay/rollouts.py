@@ -26,6 +26,7 @@ import numpy as np
 
 from selfplay.agents import Agent, make_agent
 from selfplay.backends import Generation, PolicyBackend, SamplingSettings
+from selfplay.errors import UserError
 from selfplay.games import InvalidMovePolicy, TextGameEnv, UnfinishedOutput, make_env
 from selfplay.legal_decoding import Choices, answer_choices
 from selfplay.prompts import Message, ObservationMode, batch_prompt_ids, opening_messages
@@ -178,8 +179,9 @@ class RolloutEngine:
     def _choices(self, game: _LiveGame, label: str) -> Choices:
         """The answers legal decoding may write in `game`'s current state."""
         if not game.env.game.lists_every_move:
-            raise ValueError(
-                f"legal decoding needs games that list every legal move; '{game.match.game}' takes free text"
+            raise UserError(
+                f"Legal decoding writes only listed legal moves, but '{game.match.game}' takes free text: "
+                "play it with free decoding."
             )
         tokenizer = self.players[label].tokenizer
         answers = [game.env.answer(move) for move in game.env.legal_moves()]

@@ -143,8 +143,9 @@ def test_rollouts_under_legal_decoding_play_no_invalid_move(tiny_model_dir, toke
     freely = list(RolloutEngine({"policy": backend, "random": "random"}, free).run(matches))
     assert sum(sum(t.result.invalid_moves) for t in freely) >= 6
 
-    free_text = [MatchSpec("proposer_solver", ("policy",) * 3, 0)]
-    with pytest.raises(ValueError, match="proposer_solver"):
+    seats = len(make_env("proposer_solver").possible_agents)
+    free_text = [MatchSpec("proposer_solver", ("policy",) * seats, 0)]
+    with pytest.raises(UserError, match="'proposer_solver' takes free text"):
         list(RolloutEngine({"policy": backend}, settings).run(free_text))
 
 
