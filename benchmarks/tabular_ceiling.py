@@ -13,7 +13,8 @@ k3 estimate; `--reference-every` moves that reference to the current table, as
 
 It measures what issue-style targets ask of the language model:
 - kuhn_poker: exact exploitability (OpenSpiel); uniform play is 0.458;
-- tic_tac_toe: the non-loss rate against `random`, both seats (`--eval-games` sampled games).
+- tic_tac_toe: the non-loss rate against `random`, both seats (`--eval-games` games, sampling
+  the table's policy, or with `--greedy` playing its most probable move in every state).
 
 A language-model policy pays for the same games with far more compute and must also learn to
 read the state, so at the same number of games these figures bound what
@@ -111,13 +112,16 @@ def play(table: Table, probs: np.ndarray, opponent: str, learner_seat: int, seed
     return Trajectory(result, tuple(turns)), choices
 
 
-def score(table: Table, eval_games: int, rng: np.random.Generator) -> float:
-    """Exploitability (imperfect-information games), else the non-loss rate against random."""
+def score(table: Table, eval_games: int, greedy: bool, rng: np.random.Generator) -> float:
+    """Exploitability (imperfect-information games), else the non-loss rate against random,
+    sampling the table's policy or (`greedy`) playing its most probable move."""
     game = table.game
     probs = table.probs()
     if not perfect_information(game):
         by_state = {key: dict(enumerate(probs[row].tolist())) for key, row in table.index.items()}
         return exploitability_of(game.get_type().short_name, by_state)
+    if greedy:
+        probs = np.eye(probs.shape[1])[probs.argmax(axis=1)]
     results = [play(table, probs, "random", g % 2, g, rng)[0].result for g in range(eval_games)]
     return statistics.mean(r.rewards[r.players.index("self")] >= 0 for r in results)
 
@@ -130,7 +134,7 @@ def train(game, args, lr: float, kl_coef: float, estimator: str, seed: int) -> l
     reference = table.log_probs().detach()
     optimizer = torch.optim.Adam([table.logits], lr=lr)
     baselines: dict = {}
-    curve = [(0, score(table, args.eval_games, rng))]
+    curve = [(0, score(table, args.eval_games, args.greedy, rng))]
     for step in range(1, args.steps + 1):
         played = []
         probs = table.probs()
@@ -156,7 +160,7 @@ def train(game, args, lr: float, kl_coef: float, estimator: str, seed: int) -> l
         if args.reference_every and step % args.reference_every == 0:
             reference = table.log_probs().detach()
         if step % args.every == 0:
-            curve.append((step, score(table, args.eval_games, rng)))
+            curve.append((step, score(table, args.eval_games, args.greedy, rng)))
     return curve
 
 
@@ -176,13 +180,14 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--every", type=int, default=50)
     parser.add_argument("--eval-games", type=int, default=1000, help="games against random per measurement")
+    parser.add_argument("--greedy", action="store_true", help="measure the most probable move in every state")
     args = parser.parse_args()
     game = pyspiel.load_game(args.game)
     metric = "non-loss vs random" if perfect_information(game) else "exploitability"
     print(
         f"{args.game}: {args.steps} steps x {args.games_per_step} games = {args.steps * args.games_per_step} games "
         f"per run against {'/'.join(args.opponents)}; initial tilt {args.tilt}; KL reference moved every "
-        f"{args.reference_every or 'never'} steps; {metric} (mean over seeds)"
+        f"{args.reference_every or 'never'} steps; {metric}{' (greedy)' if args.greedy else ''} (mean over seeds)"
     )
     for estimator, lr, kl_coef in itertools.product(args.estimator, args.lr, args.kl):
         curves = [train(game, args, lr, kl_coef, estimator, seed) for seed in range(args.seeds)]

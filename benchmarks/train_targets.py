@@ -1,7 +1,8 @@
 """Does self-play training work? Train from a config for a time budget, then measure the
 policy before and after:
 
-- tictactoe: the non-loss rate (wins + draws) against `random`, in each seat;
+- tictactoe: the non-loss rate (wins + draws) against `random`, in each seat, sampling at the
+  config's temperature (the policy that was trained) and greedily (its most probable move);
 - kuhn_poker: exact exploitability of the model's policy (OpenSpiel, from the probabilities
   the model gives each legal move at every information state); uniform play is 0.458.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -58,6 +60,9 @@ def measure(model_dir: str, games: list[str], episodes: int, seed: int, sampling
         if game == "kuhn_poker":
             figures["kuhn_poker/exploitability"] = kuhn_exploitability(model_dir, sampling.decoding)
         figures[f"{game}/vs_random"] = non_loss_vs_random(model_dir, game, episodes, seed, sampling)
+        if sampling.temperature > 0:
+            greedy = replace(sampling, temperature=0.0)
+            figures[f"{game}/vs_random_greedy"] = non_loss_vs_random(model_dir, game, episodes, seed, greedy)
     return figures
 
 

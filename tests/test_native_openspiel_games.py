@@ -1,4 +1,4 @@
-"""The native games on OpenSpiel twins: Connect Four, Leduc Hold'em, Liar's Dice and Nim."""
+"""The native games on OpenSpiel twins: TicTacToe, Connect Four, Leduc Hold'em, Liar's Dice and Nim."""
 
 import random
 
@@ -38,6 +38,39 @@ def test_descriptions_tensors_and_move_names(spec):
     assert type(game).__doc__.strip().splitlines()[0]
     assert game.rules and game.rules.isascii()
     assert game.observation_shape == tuple(game.spiel_game.observation_tensor_shape())
+
+
+# -- TicTacToe -------------------------------------------------------------------------
+
+
+def test_tictactoe_board_shows_marks_and_the_numbers_of_empty_cells():
+    game = make_game("tictactoe")
+    _set_history(game, [4, 0, 8])
+    assert game.describe(1).splitlines() == [
+        "You play O. The board (empty cells show their number):",
+        "O|1|2",
+        "3|X|5",
+        "6|7|X",
+    ]
+
+
+def test_tictactoe_cells_are_one_token_each_at_the_same_place_on_every_board(tokenizer):
+    """With the default model's tokenizer each character of the board (a cell, a separator, a
+    line break) is one token, so a model finds cell k at the same offset whatever the marks."""
+    game = make_game("tictactoe")
+    lengths = {0: set(), 1: set()}
+    rng = random.Random(0)
+    for seed in range(20):
+        game.reset(np.random.default_rng(seed))
+        while not game.is_over():
+            player = game.current_player()
+            text = game.describe(player)
+            board = "\n".join(text.splitlines()[-3:])
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            assert [tokenizer.decode([i]) for i in ids[-len(board) :]] == list(board)
+            lengths[player].add(len(ids))
+            game.apply(rng.choice(game.legal_moves()))
+    assert lengths[0] == lengths[1] and len(lengths[0]) == 1
 
 
 # -- Connect Four ----------------------------------------------------------------------
