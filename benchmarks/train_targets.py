@@ -1,8 +1,10 @@
 """Does self-play training work? Train from a config for a time budget, then measure the
 policy before and after:
 
-- tictactoe: the non-loss rate (wins + draws) against `random`, in each seat, sampling at the
-  config's temperature (the policy that was trained) and greedily (its most probable move);
+- tictactoe: the non-loss rate (wins + draws) against `random`, in each seat: from games played
+  at the config's temperature, and exactly (`selfplay.evaluation.exact_play`, from the
+  probabilities the model gives each legal move on every board) for the policy as trained and
+  for its most probable move, with how often it takes a win or stops a loss one move away;
 - kuhn_poker: exact exploitability of the model's policy (OpenSpiel, from the probabilities
   the model gives each legal move at every information state); uniform play is 0.458.
 
@@ -18,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import replace
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -27,6 +28,7 @@ from selfplay.backends import SamplingSettings
 from selfplay.checkpoint import latest_checkpoint
 from selfplay.config import load_config
 from selfplay.default_model import resolve_model
+from selfplay.evaluation.exact_play import exact_report
 from selfplay.evaluation.exploitability import policy_exploitability
 from selfplay.match import play_series
 from selfplay.train import Trainer
@@ -48,21 +50,21 @@ def non_loss_vs_random(model_dir: str, game: str, episodes: int, seed: int, samp
     return figures
 
 
-def kuhn_exploitability(model_dir: str, decoding: str) -> float:
+def load(model_dir: str):
+    """The model (float32, for probing its probabilities) and its tokenizer."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    return policy_exploitability(model, tokenizer, "kuhn_poker", decoding=decoding)
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval(), tokenizer
 
 
 def measure(model_dir: str, games: list[str], episodes: int, seed: int, sampling: SamplingSettings) -> dict:
     figures = {}
     for game in games:
+        decoding = sampling.decoding
         if game == "kuhn_poker":
-            figures["kuhn_poker/exploitability"] = kuhn_exploitability(model_dir, sampling.decoding)
+            figures["kuhn_poker/exploitability"] = policy_exploitability(*load(model_dir), game, decoding=decoding)
+        if game == "tictactoe":
+            figures["tictactoe/exact_vs_random"] = exact_report(*load(model_dir), game, decoding=decoding)
         figures[f"{game}/vs_random"] = non_loss_vs_random(model_dir, game, episodes, seed, sampling)
-        if sampling.temperature > 0:
-            greedy = replace(sampling, temperature=0.0)
-            figures[f"{game}/vs_random_greedy"] = non_loss_vs_random(model_dir, game, episodes, seed, greedy)
     return figures
 
 
