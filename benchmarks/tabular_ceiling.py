@@ -141,7 +141,8 @@ def train(game, args, lr: float, kl_coef: float, estimator: str, seed: int) -> l
         for g in range(args.games_per_step):
             opponent = args.opponents[int(rng.integers(len(args.opponents)))]
             played.append(play(table, probs, opponent, g % 2, step * args.games_per_step + g, rng))
-        advantages, baselines = estimate(estimator, [t for t, _ in played], baselines)
+        trajectories = [t for t, _ in played]
+        advantages, baselines = estimate(estimator, trajectories, baselines, turn_discount=args.turn_discount)
         rows, actions, weights = [], [], []
         for (_, choices), advantage in zip(played, advantages):
             for (row, action), value in zip(choices, advantage):
@@ -173,6 +174,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, nargs="+", default=[0.01, 0.03])
     parser.add_argument("--kl", type=float, nargs="+", default=[0.0, 0.2])
     parser.add_argument("--estimator", nargs="+", default=["rae"])
+    parser.add_argument("--turn-discount", type=float, default=1.0, help="advantages.turn_discount")
     parser.add_argument(
         "--reference-every", type=int, default=0, help="steps between moves of the KL reference to the current table"
     )
@@ -184,10 +186,13 @@ def main() -> None:
     args = parser.parse_args()
     game = pyspiel.load_game(args.game)
     metric = "non-loss vs random" if perfect_information(game) else "exploitability"
+    if args.greedy:
+        metric += " (greedy)"
     print(
         f"{args.game}: {args.steps} steps x {args.games_per_step} games = {args.steps * args.games_per_step} games "
         f"per run against {'/'.join(args.opponents)}; initial tilt {args.tilt}; KL reference moved every "
-        f"{args.reference_every or 'never'} steps; {metric}{' (greedy)' if args.greedy else ''} (mean over seeds)"
+        f"{args.reference_every or 'never'} steps; turn discount {args.turn_discount}; {metric} "
+        "(mean over seeds)"
     )
     for estimator, lr, kl_coef in itertools.product(args.estimator, args.lr, args.kl):
         curves = [train(game, args, lr, kl_coef, estimator, seed) for seed in range(args.seeds)]

@@ -11,6 +11,13 @@ learner multiplies into the policy-gradient loss. They differ in the baseline th
 - ``trr++``: Absolute Zero's whitening of returns per (task type x role) across the batch;
 - ``reinforce``: the raw return, no baseline.
 
+Any of them can weight a player's later turns above its earlier ones (``turn_discount``): each
+turn's advantage is scaled by the discount to the power of the turns that player takes after it
+in the game. The scale is positive and the same for every move of a state, so the best move
+in each state stays the best; what changes is how fast each state learns. In short games the
+last few decisions (completing a line, blocking one) settle most outcomes, and the earliest
+carry the noisiest credit.
+
 The unit an estimator scores is a seat's part of one trajectory: the turns that seat played,
 with the seat's final return ``trajectory.result.rewards[seat]``. A seat with no turns (an
 opponent the caller does not train, whose turns were stripped) touches no baseline or
@@ -165,6 +172,22 @@ def reinforce(trajectories: Sequence[Trajectory]) -> Advantages:
     return [tuple(float(t.result.rewards[turn.seat]) for turn in t.turns) for t in trajectories]
 
 
+def discount_turns(trajectories: Sequence[Trajectory], advantages: Advantages, discount: float) -> Advantages:
+    """Scale each turn's advantage by `discount` ** (the turns its seat takes after it in its trajectory)."""
+    if not 0.0 < discount <= 1.0:
+        raise UserError(f"advantages.turn_discount must lie in (0, 1], got {discount}")
+    scaled = []
+    for trajectory, values in zip(trajectories, advantages):
+        later = {seat: 0 for seat in {turn.seat for turn in trajectory.turns}}
+        row = list(values)
+        for index in reversed(range(len(trajectory.turns))):
+            seat = trajectory.turns[index].seat
+            row[index] *= discount ** later[seat]
+            later[seat] += 1
+        scaled.append(tuple(row))
+    return scaled
+
+
 def estimate(
     name: str,
     trajectories: Sequence[Trajectory],
@@ -172,8 +195,19 @@ def estimate(
     *,
     decay: float = 0.95,
     key: KeyFn = role_key,
+    turn_discount: float = 1.0,
 ) -> tuple[Advantages, dict[Key, float]]:
-    """Run the estimator called `name`; returns the advantages and the baselines to carry to the next batch."""
+    """Run the estimator called `name`, each turn's advantage then scaled by `turn_discount` (see
+    `discount_turns`); returns the advantages and the baselines to carry to the next batch."""
+    advantages, baselines = _estimate(name, trajectories, baselines, decay, key)
+    if turn_discount != 1.0:
+        advantages = discount_turns(trajectories, advantages, turn_discount)
+    return advantages, baselines
+
+
+def _estimate(
+    name: str, trajectories: Sequence[Trajectory], baselines: Mapping[Key, float], decay: float, key: KeyFn
+) -> tuple[Advantages, dict[Key, float]]:
     if name == "rae":
         return rae(trajectories, baselines, decay=decay, key=key)
     stateless: dict[str, Callable[[], Advantages]] = {

@@ -38,6 +38,7 @@ class RolloutConfig:
 class AdvantageConfig:
     estimator: Literal["rae", "turn_level", "grpo", "dr_grpo", "rloo", "trr++", "reinforce"] = "rae"
     decay: float = 0.95  # RAE's baseline decay
+    turn_discount: float = 1.0  # a turn's advantage times this ** (its player's later turns in the game)
     group_size: int = 1  # plays of each game start per step; grpo, dr_grpo and rloo need more than 1
 
 

@@ -117,6 +117,8 @@ def validate(config: TrainConfig) -> None:
     for name in ("games_per_step", "concurrency", "max_new_tokens"):
         if getattr(config.rollout, name) < 1:
             raise UserError(f"rollout.{name} must be at least 1.")
+    if not 0 < config.advantages.turn_discount <= 1:
+        raise UserError(f"advantages.turn_discount must lie in (0, 1], got {config.advantages.turn_discount}.")
     if config.rollout.games_per_step % config.advantages.group_size:
         raise UserError("rollout.games_per_step must be a multiple of advantages.group_size.")
     if config.learner.reference_update_every:
@@ -441,7 +443,12 @@ class Trainer:
             owned = [t for t in trajectories if owner[t.result.game, t.result.seed, t.result.players] == name]
             learned = [learner_view(t, name) for t in owned]
             advantages, player.baselines = estimate(
-                config.advantages.estimator, learned, player.baselines, decay=config.advantages.decay, key=advantage_key
+                config.advantages.estimator,
+                learned,
+                player.baselines,
+                decay=config.advantages.decay,
+                key=advantage_key,
+                turn_discount=config.advantages.turn_discount,
             )
             samples = [
                 Sample(turn.prompt_ids, turn.response_ids, turn.logprobs, advantage, turn.choices)

@@ -245,6 +245,24 @@ def test_estimate_rejects_an_unknown_name_listing_the_valid_ones():
     assert all(name in str(error.value) for name in ESTIMATORS)
 
 
+def test_turn_discount_scales_each_turn_by_its_seats_later_turns():
+    # First game: seat 0 moves at turns 0, 2, 4 and seat 1 at 1, 3; RAE from zero baselines gives
+    # A = 1 and -1 (baselines become 0.5 and -0.5). Second game: seat 1 moves twice, then seat 0;
+    # A = 1 - (-0.5) = 1.5 and -1 - 0.5 = -1.5. Each is then scaled by 0.5 ** (its seat's later turns).
+    batch = [alternating((1.0, -1.0), 5), traj((-1.0, 1.0), [turn(1), turn(1), turn(0)])]
+    advantages, baselines = estimate("rae", batch, {}, decay=0.5, turn_discount=0.5)
+    assert advantages == [(0.25, -0.5, 0.5, -1.0, 1.0), (0.75, 1.5, -1.5)]
+    assert baselines == rae(batch, {}, decay=0.5)[1] == {P0: -0.25, P1: 0.25}
+
+
+def test_turn_discount_of_one_changes_nothing_and_outside_the_unit_interval_is_refused():
+    batch = [alternating((1.0, -1.0), 5)]
+    assert estimate("grpo", GROUPED[:3], {}, turn_discount=1.0) == estimate("grpo", GROUPED[:3], {})
+    for bad in (0.0, 1.5):
+        with pytest.raises(UserError, match="turn_discount"):
+            estimate("rae", batch, {}, turn_discount=bad)
+
+
 def test_role_key_is_game_and_role():
     assert role_key(turn(1, game="kuhn")) == ("kuhn", "player_1")
 

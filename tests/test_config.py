@@ -57,6 +57,7 @@ def test_bad_keys_and_values_are_named(override, message):
         (["games={negotiation: 1}", "opponents={mcts: 1}"], "mcts"),
         (["advantages.estimator=grpo"], "group_size"),
         (["advantages.group_size=3"], "multiple of advantages.group_size"),
+        (["advantages.turn_discount=0"], r"turn_discount must lie in \(0, 1\]"),
         (["learner.reference_update_every=10"], "set learner.kl_coef above 0"),
         (["learner.kl_coef=0.1", "learner.reference_update_every=10", "learner.lora.rank=4"], "lora.rank=0"),
     ],
