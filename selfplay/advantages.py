@@ -29,6 +29,7 @@ Pure functions of plain data, no torch.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -178,7 +179,7 @@ def discount_turns(trajectories: Sequence[Trajectory], advantages: Advantages, d
         raise UserError(f"advantages.turn_discount must lie in (0, 1], got {discount}")
     scaled = []
     for trajectory, values in zip(trajectories, advantages):
-        later = {seat: 0 for seat in {turn.seat for turn in trajectory.turns}}
+        later: Counter[int] = Counter()
         row = list(values)
         for index in reversed(range(len(trajectory.turns))):
             seat = trajectory.turns[index].seat
