@@ -85,7 +85,12 @@ def test_a_bf16_backend_holds_bf16_weights_and_casts_fp32_updates(tiny_model_dir
         assert torch.equal(served[name], weight.to(torch.bfloat16)), name
     prompts = game_prompts(backend.tokenizer)
     sampled = backend.generate(prompts, SamplingSettings(max_new_tokens=6, seed=0))
+    # Sampling (batched, padded, cached) and one plain forward round differently in bf16: with
+    # these perturbed weights the logits reach the tens, and the two differ by up to about 0.07.
+    # Log-probs under the weights the update replaced differ by far more.
+    original = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     for prompt, generation in zip(prompts, sampled):
         assert generation.token_ids and generation.policy_version == 1
-        expected = recomputed_logprobs(backend.model, prompt, generation.token_ids, 1.0)
-        assert torch.allclose(torch.tensor(generation.logprobs), expected, atol=0.05)
+        logprobs = torch.tensor(generation.logprobs)
+        assert torch.allclose(logprobs, recomputed_logprobs(backend.model, prompt, generation.token_ids, 1.0), atol=0.1)
+        assert (logprobs - recomputed_logprobs(original, prompt, generation.token_ids, 1.0)).abs().max() > 0.5
