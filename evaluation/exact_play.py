@@ -76,31 +76,36 @@ def non_loss_vs_random(spiel_game: pyspiel.Game, probabilities: Probabilities) -
     return [value(spiel_game.new_initial_state(), seat) for seat in range(spiel_game.num_players())]
 
 
-def one_move_tactics(spiel_game: pyspiel.Game, probabilities: Probabilities) -> dict[str, float]:
-    """Mean probability of taking a win at once and of stopping the opponent's win at once (see
-    the module's docstring), with the number of states each mean is over."""
+def tactical_moves(state: pyspiel.State) -> tuple[str, set[int]] | None:
+    """("takes_win", the moves that win at once) where some move does; else ("stops_loss", the
+    moves that leave the opponent no win at once) where some do and some do not; else None."""
 
     def winning_moves(state: pyspiel.State) -> set[int]:
         mover = state.current_player()
         return {a for a in state.legal_actions() if _ends_in_win(state.child(a), mover)}
 
-    takes, stops = [], []
+    winning = winning_moves(state)
+    if winning:
+        return "takes_win", winning
+    legal = state.legal_actions()
+    safe = {a for a in legal if state.child(a).is_terminal() or not winning_moves(state.child(a))}
+    return ("stops_loss", safe) if 0 < len(safe) < len(legal) else None
+
+
+def one_move_tactics(spiel_game: pyspiel.Game, probabilities: Probabilities) -> dict[str, float]:
+    """Mean probability of taking a win at once and of stopping the opponent's win at once (see
+    the module's docstring and `tactical_moves`), with the number of states each mean is over."""
+    found: dict[str, list[float]] = {"takes_win": [], "stops_loss": []}
     for key, state in decision_states(spiel_game, spiel_game.get_type().short_name).items():
-        chosen = probabilities[key]
-        winning = winning_moves(state)
-        if winning:
-            takes.append(sum(chosen.get(a, 0.0) for a in winning))
-            continue
-        legal = state.legal_actions()
-        safe = {a for a in legal if state.child(a).is_terminal() or not winning_moves(state.child(a))}
-        if 0 < len(safe) < len(legal):
-            stops.append(sum(chosen.get(a, 0.0) for a in safe))
-    return {
-        "takes_win": float(np.mean(takes)) if takes else float("nan"),
-        "takes_win_states": len(takes),
-        "stops_loss": float(np.mean(stops)) if stops else float("nan"),
-        "stops_loss_states": len(stops),
-    }
+        tactic = tactical_moves(state)
+        if tactic is not None:
+            kind, good = tactic
+            found[kind].append(sum(probabilities[key].get(a, 0.0) for a in good))
+    report: dict[str, float] = {}
+    for kind, values in found.items():
+        report[kind] = float(np.mean(values)) if values else float("nan")
+        report[f"{kind}_states"] = len(values)
+    return report
 
 
 def _ends_in_win(state: pyspiel.State, player: int) -> bool:

@@ -10,7 +10,13 @@ import pyspiel
 import pytest
 
 from selfplay.errors import UserError
-from selfplay.evaluation.exact_play import greedy, non_loss_vs_random, one_move_tactics, state_probabilities
+from selfplay.evaluation.exact_play import (
+    greedy,
+    non_loss_vs_random,
+    one_move_tactics,
+    state_probabilities,
+    tactical_moves,
+)
 from selfplay.evaluation.exploitability import decision_states, information_states, scored_states, state_key
 
 TICTACTOE = pyspiel.load_game("tic_tac_toe")
@@ -76,6 +82,20 @@ def test_a_policy_that_takes_wins_and_blocks_scores_one_on_both_tactics_and_lose
     assert tactics["takes_win_states"] > 2000 and tactics["stops_loss_states"] > 500
     better = non_loss_vs_random(TICTACTOE, policy)
     assert all(b > u + 0.1 for b, u in zip(better, UNIFORM_NON_LOSS))
+
+
+def played(*actions: int) -> pyspiel.State:
+    state = TICTACTOE.new_initial_state()
+    for action in actions:
+        state.apply_action(action)
+    return state
+
+
+def test_tactical_moves_name_the_wins_else_the_moves_that_stop_a_loss():
+    assert tactical_moves(played(0, 3, 1, 4)) == ("takes_win", {2})  # X completes the top row
+    assert tactical_moves(played(0, 4, 8, 1)) == ("stops_loss", {7})  # O threatens the middle column
+    assert tactical_moves(played()) is None  # nothing at stake yet
+    assert tactical_moves(played(1, 0, 5, 4, 7, 6)) is None  # O threatens three cells: every move loses
 
 
 def test_greedy_plays_the_most_probable_move_only():

@@ -1,0 +1,145 @@
+"""How fast can a language model learn TicTacToe's one-move tactics when it is told the answer?
+
+`benchmarks/tabular_ceiling.py` bounds what training reaches from the games' side: a policy that
+tells every board apart. This script bounds it from the model's side. It trains the model by
+cross-entropy on labelled positions: where a move wins at once, the winning moves; else, where
+some moves leave the opponent a win at once, the moves that do not
+(`selfplay.evaluation.exact_play.tactical_moves`). The probability of the labelled set is read
+under legal decoding, as training samples it. Every `--every` steps it prints the model's exact
+takes_win and stops_loss on held-out positions that it never trains on.
+
+A label names the right moves in one position; a game's outcome is one noisy number for a
+whole game. So a model that cannot learn the tactics from N labelled positions will not learn
+them from N games of self-play, and its non-loss rate against `random` stays near that of a
+player that ignores the board.
+
+    python benchmarks/supervised_ceiling.py --steps 300 --batch-size 32 --lr 1e-3
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from selfplay.default_model import resolve_model
+from selfplay.evaluation.exact_play import perfect_information_twin, tactical_moves
+from selfplay.evaluation.exploitability import (
+    InformationState,
+    decision_states,
+    information_states,
+    model_scorer,
+    scored_states,
+)
+from selfplay.legal_decoding import Choices
+from selfplay.prompts import batch_prompt_ids
+from selfplay.scoring import autocast, response_logprobs
+
+GAME = "tictactoe"
+
+Labelled = tuple[InformationState, str, tuple[int, ...]]  # the state, its tactic, its right actions
+
+
+def labelled_positions() -> list[Labelled]:
+    """Every TicTacToe decision state with a one-move tactic, and that tactic's right moves."""
+    spiel_states = decision_states(perfect_information_twin(GAME), GAME)
+    labelled = []
+    for state in information_states(GAME, by_state=True):
+        tactic = tactical_moves(spiel_states[state.key])
+        if tactic is not None:
+            kind, right = tactic
+            labelled.append((state, kind, tuple(a for a in state.actions if a in right)))
+    return labelled
+
+
+def held_out_tactics(model, tokenizer, positions: list[Labelled]) -> dict[str, float]:
+    """Mean probability of a right move, per tactic, under legal decoding."""
+    probabilities = scored_states([s for s, _, _ in positions], model_scorer(model, tokenizer, decoding="legal"))
+    found: dict[str, list[float]] = {}
+    for state, kind, right in positions:
+        found.setdefault(kind, []).append(sum(probabilities[state.key][a] for a in right))
+    return {kind: float(np.mean(values)) for kind, values in sorted(found.items())}
+
+
+def uniform_tactics(positions: list[Labelled]) -> dict[str, float]:
+    """What a uniformly random legal move scores on the same positions."""
+    found: dict[str, list[float]] = {}
+    for state, kind, right in positions:
+        found.setdefault(kind, []).append(len(right) / len(state.actions))
+    return {kind: float(np.mean(values)) for kind, values in sorted(found.items())}
+
+
+def right_moves_loss(model, tokenizer, batch: list[Labelled], precision: str) -> torch.Tensor:
+    """Mean over `batch` of -log P(a right move), each move's answer read under legal decoding."""
+    eos = tokenizer.eos_token_id
+    prompts = batch_prompt_ids(tokenizer, [state.messages for state, _, _ in batch])
+    rows, pair_prompts, pair_answers, pair_choices = [], [], [], []
+    for row, (state, _, right) in enumerate(batch):
+        encoded = [ids + [eos] for ids in tokenizer(list(state.answers), add_special_tokens=False)["input_ids"]]
+        choices: Choices = tuple(tuple(ids) for ids in encoded)
+        for action, ids in zip(state.actions, encoded):
+            if action in right:
+                rows.append(row)
+                pair_prompts.append(prompts[row])
+                pair_answers.append(ids)
+                pair_choices.append(choices)
+    with autocast(precision, "cpu"):
+        logprobs = response_logprobs(model, pair_prompts, pair_answers, choices=pair_choices)
+    per_answer = torch.stack([lp.float().sum() for lp in logprobs])
+    per_row = [per_answer[[i for i, r in enumerate(rows) if r == row]].logsumexp(0) for row in range(len(batch))]
+    return -torch.stack(per_row).mean()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="default", help="a model name or directory; default: the built-in model")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--every", type=int, default=50, help="steps between held-out measurements")
+    parser.add_argument("--held-out", type=float, default=0.5, help="share of positions never trained on")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="bf16")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    positions = labelled_positions()
+    random.shuffle(positions)
+    split = int(len(positions) * args.held_out)
+    held_out, train = positions[:split], positions[split:]
+    path = resolve_model(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    print(f"{len(positions)} positions with a tactic ({len(train)} to train on, {len(held_out)} held out)")
+    print(f"uniform random legal move on the held-out positions: {_figures(uniform_tactics(held_out))}")
+    print(f"step {0:>5}  examples {0:>6}  {'':>14}  held out: {_figures(held_out_tactics(model, tokenizer, held_out))}")
+
+    model.train()
+    started, losses = time.perf_counter(), []
+    for step in range(1, args.steps + 1):
+        batch = random.sample(train, args.batch_size)
+        loss = right_moves_loss(model, tokenizer, batch, args.precision)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+        if step % args.every == 0 or step == args.steps:
+            seconds = time.perf_counter() - started
+            figures = _figures(held_out_tactics(model, tokenizer, held_out))
+            recent = np.mean(losses[-args.every :])
+            print(f"step {step:>5}  examples {step * args.batch_size:>6}  loss {recent:.3f} {seconds:>5.0f}s  held out: {figures}")
+
+
+def _figures(tactics: dict[str, float]) -> str:
+    return "  ".join(f"{kind} {value:.3f}" for kind, value in tactics.items())
+
+
+if __name__ == "__main__":
+    main()
