@@ -134,7 +134,8 @@ def main() -> None:
             seconds = time.perf_counter() - started
             figures = _figures(held_out_tactics(model, tokenizer, held_out))
             recent = np.mean(losses[-args.every :])
-            print(f"step {step:>5}  examples {step * args.batch_size:>6}  loss {recent:.3f} {seconds:>5.0f}s  held out: {figures}")
+            examples = step * args.batch_size
+            print(f"step {step:>5}  examples {examples:>6}  loss {recent:.3f} {seconds:>5.0f}s  held out: {figures}")
 
 
 def _figures(tactics: dict[str, float]) -> str:
