@@ -56,41 +56,49 @@ def labelled_positions() -> list[Labelled]:
     return labelled
 
 
+def mean_by_tactic(positions: list[Labelled], right_probability) -> dict[str, float]:
+    """Mean of `right_probability(state, right)` over `positions`, per tactic."""
+    found: dict[str, list[float]] = {}
+    for state, kind, right in positions:
+        found.setdefault(kind, []).append(right_probability(state, right))
+    return {kind: float(np.mean(values)) for kind, values in sorted(found.items())}
+
+
 def held_out_tactics(model, tokenizer, positions: list[Labelled]) -> dict[str, float]:
     """Mean probability of a right move, per tactic, under legal decoding."""
     probabilities = scored_states([s for s, _, _ in positions], model_scorer(model, tokenizer, decoding="legal"))
-    found: dict[str, list[float]] = {}
-    for state, kind, right in positions:
-        found.setdefault(kind, []).append(sum(probabilities[state.key][a] for a in right))
-    return {kind: float(np.mean(values)) for kind, values in sorted(found.items())}
+    return mean_by_tactic(positions, lambda state, right: sum(probabilities[state.key][a] for a in right))
 
 
 def uniform_tactics(positions: list[Labelled]) -> dict[str, float]:
     """What a uniformly random legal move scores on the same positions."""
-    found: dict[str, list[float]] = {}
-    for state, kind, right in positions:
-        found.setdefault(kind, []).append(len(right) / len(state.actions))
-    return {kind: float(np.mean(values)) for kind, values in sorted(found.items())}
+    return mean_by_tactic(positions, lambda state, right: len(right) / len(state.actions))
 
 
-def right_moves_loss(model, tokenizer, batch: list[Labelled], precision: str) -> torch.Tensor:
-    """Mean over `batch` of -log P(a right move), each move's answer read under legal decoding."""
+# A labelled position tokenized once: its prompt, its right answers, and every legal answer.
+Example = tuple[list[int], list[tuple[int, ...]], Choices]
+
+
+def training_examples(tokenizer, positions: list[Labelled]) -> list[Example]:
+    """`positions` as the ids the loss reads, each answer followed by the end-of-turn token."""
+    prompts = batch_prompt_ids(tokenizer, [state.messages for state, _, _ in positions])
+    texts = sorted({answer for state, _, _ in positions for answer in state.answers})
     eos = tokenizer.eos_token_id
-    prompts = batch_prompt_ids(tokenizer, [state.messages for state, _, _ in batch])
-    rows, pair_prompts, pair_answers, pair_choices = [], [], [], []
-    for row, (state, _, right) in enumerate(batch):
-        encoded = [ids + [eos] for ids in tokenizer(list(state.answers), add_special_tokens=False)["input_ids"]]
-        choices: Choices = tuple(tuple(ids) for ids in encoded)
-        for action, ids in zip(state.actions, encoded):
-            if action in right:
-                rows.append(row)
-                pair_prompts.append(prompts[row])
-                pair_answers.append(ids)
-                pair_choices.append(choices)
+    ids = {t: (*i, eos) for t, i in zip(texts, tokenizer(texts, add_special_tokens=False)["input_ids"])}
+    examples = []
+    for prompt, (state, _, right) in zip(prompts, positions):
+        right_answers = [ids[answer] for answer, action in zip(state.answers, state.actions) if action in right]
+        examples.append((prompt, right_answers, tuple(ids[answer] for answer in state.answers)))
+    return examples
+
+
+def right_moves_loss(model, batch: list[Example], precision: str) -> torch.Tensor:
+    """Mean over `batch` of -log P(a right move), each move's answer read under legal decoding."""
+    prompts, answers, choices = zip(*[(prompt, answer, legal) for prompt, right, legal in batch for answer in right])
     with autocast(precision, "cpu"):
-        logprobs = response_logprobs(model, pair_prompts, pair_answers, choices=pair_choices)
+        logprobs = response_logprobs(model, prompts, answers, choices=choices)
     per_answer = torch.stack([lp.float().sum() for lp in logprobs])
-    per_row = [per_answer[[i for i, r in enumerate(rows) if r == row]].logsumexp(0) for row in range(len(batch))]
+    per_row = [row.logsumexp(0) for row in per_answer.split([len(right) for _, right, _ in batch])]
     return -torch.stack(per_row).mean()
 
 
@@ -114,6 +122,7 @@ def main() -> None:
     held_out, train = positions[:split], positions[split:]
     path = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
+    examples = training_examples(tokenizer, train)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     print(f"{len(positions)} positions with a tactic ({len(train)} to train on, {len(held_out)} held out)")
@@ -123,8 +132,7 @@ def main() -> None:
     model.train()
     started, losses = time.perf_counter(), []
     for step in range(1, args.steps + 1):
-        batch = random.sample(train, args.batch_size)
-        loss = right_moves_loss(model, tokenizer, batch, args.precision)
+        loss = right_moves_loss(model, random.sample(examples, args.batch_size), args.precision)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -134,8 +142,8 @@ def main() -> None:
             seconds = time.perf_counter() - started
             figures = _figures(held_out_tactics(model, tokenizer, held_out))
             recent = np.mean(losses[-args.every :])
-            examples = step * args.batch_size
-            print(f"step {step:>5}  examples {examples:>6}  loss {recent:.3f} {seconds:>5.0f}s  held out: {figures}")
+            seen = step * args.batch_size
+            print(f"step {step:>5}  examples {seen:>6}  loss {recent:.3f} {seconds:>5.0f}s  held out: {figures}")
 
 
 def _figures(tactics: dict[str, float]) -> str:
