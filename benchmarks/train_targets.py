@@ -6,7 +6,8 @@ policy before and after:
   probabilities the model gives each legal move on every board) for the policy as trained and
   for its most probable move, with how often it takes a win or stops a loss one move away;
 - kuhn_poker: exact exploitability of the model's policy (OpenSpiel, from the probabilities
-  the model gives each legal move at every information state); uniform play is 0.458.
+  the model gives each legal move at every information state; uniform play is 0.458), and its
+  probability of betting or calling at each of them.
 
     python benchmarks/train_targets.py configs/tictactoe.yaml --minutes 20
     python benchmarks/train_targets.py configs/kuhn_poker.yaml --minutes 20 [key=value ...]
@@ -29,7 +30,7 @@ from selfplay.checkpoint import latest_checkpoint
 from selfplay.config import load_config
 from selfplay.default_model import resolve_model
 from selfplay.evaluation.exact_play import exact_report
-from selfplay.evaluation.exploitability import policy_exploitability
+from selfplay.evaluation.exploitability import exploitability_of, move_probabilities
 from selfplay.match import play_series
 from selfplay.train import Trainer
 
@@ -61,7 +62,10 @@ def measure(model_dir: str, games: list[str], episodes: int, seed: int, sampling
     for game in games:
         decoding = sampling.decoding
         if game == "kuhn_poker":
-            figures["kuhn_poker/exploitability"] = policy_exploitability(*load(model_dir), game, decoding=decoding)
+            probabilities = move_probabilities(*load(model_dir), game, decoding=decoding)
+            figures["kuhn_poker/exploitability"] = exploitability_of(game, probabilities)
+            # Each information state is its card (0 J, 1 Q, 2 K), then the moves so far (p pass, b bet).
+            figures["kuhn_poker/p_bet_or_call"] = {key: round(p[1], 3) for key, p in sorted(probabilities.items())}
         if game == "tictactoe":
             figures["tictactoe/exact_vs_random"] = exact_report(*load(model_dir), game, decoding=decoding)
         figures[f"{game}/vs_random"] = non_loss_vs_random(model_dir, game, episodes, seed, sampling)
