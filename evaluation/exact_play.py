@@ -79,16 +79,11 @@ def non_loss_vs_random(spiel_game: pyspiel.Game, probabilities: Probabilities) -
 def tactical_moves(state: pyspiel.State) -> tuple[str, set[int]] | None:
     """("takes_win", the moves that win at once) where some move does; else ("stops_loss", the
     moves that leave the opponent no win at once) where some do and some do not; else None."""
-
-    def winning_moves(state: pyspiel.State) -> set[int]:
-        mover = state.current_player()
-        return {a for a in state.legal_actions() if _ends_in_win(state.child(a), mover)}
-
-    winning = winning_moves(state)
+    winning = _winning_moves(state)
     if winning:
         return "takes_win", winning
     legal = state.legal_actions()
-    safe = {a for a in legal if state.child(a).is_terminal() or not winning_moves(state.child(a))}
+    safe = {a for a in legal if state.child(a).is_terminal() or not _winning_moves(state.child(a))}
     return ("stops_loss", safe) if 0 < len(safe) < len(legal) else None
 
 
@@ -106,6 +101,12 @@ def one_move_tactics(spiel_game: pyspiel.Game, probabilities: Probabilities) -> 
         report[kind] = float(np.mean(values)) if values else float("nan")
         report[f"{kind}_states"] = len(values)
     return report
+
+
+def _winning_moves(state: pyspiel.State) -> set[int]:
+    """The legal moves that win the game at once for the player to move."""
+    mover = state.current_player()
+    return {a for a in state.legal_actions() if _ends_in_win(state.child(a), mover)}
 
 
 def _ends_in_win(state: pyspiel.State, player: int) -> bool:
