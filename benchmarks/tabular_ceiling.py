@@ -35,7 +35,9 @@ import pyspiel
 import torch
 
 from selfplay.advantages import estimate
+from selfplay.config import LearnerConfig
 from selfplay.evaluation.exploitability import exploitability_of
+from selfplay.learner import scheduled_lr
 from selfplay.records import MatchResult, Trajectory, Turn
 
 
@@ -99,7 +101,7 @@ def play(table: Table, probs: np.ndarray, opponent: str, learner_seat: int, seed
         action = int(rng.choice(len(probs[row]), p=probs[row]))
         role = f"player_{seat}"
         turns.append(
-            Turn(game.get_type().short_name, seed, seat, role, role, 0, (), (action,), (), "", "stop", False, 0)
+            Turn(game.get_type().short_name, seed, seat, role, role, 0, (row,), (action,), (), "", "stop", False, 0)
         )
         choices.append((row, action))
         state.apply_action(action)
@@ -142,7 +144,9 @@ def train(game, args, lr: float, kl_coef: float, estimator: str, seed: int) -> l
             opponent = args.opponents[int(rng.integers(len(args.opponents)))]
             played.append(play(table, probs, opponent, g % 2, step * args.games_per_step + g, rng))
         trajectories = [t for t, _ in played]
-        advantages, baselines = estimate(estimator, trajectories, baselines, turn_discount=args.turn_discount)
+        advantages, baselines = estimate(
+            estimator, trajectories, baselines, turn_discount=args.turn_discount, state_prior=args.state_prior
+        )
         rows, actions, weights = [], [], []
         for (_, choices), advantage in zip(played, advantages):
             for (row, action), value in zip(choices, advantage):
@@ -154,6 +158,8 @@ def train(game, args, lr: float, kl_coef: float, estimator: str, seed: int) -> l
         if kl_coef:
             log_ratio = reference[rows, actions] - logp
             loss = loss + kl_coef * (torch.exp(log_ratio) - log_ratio - 1).mean()
+        for group in optimizer.param_groups:
+            group["lr"] = scheduled_lr(LearnerConfig(lr=lr, lr_schedule=args.lr_schedule), step, args.steps)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_([table.logits], 1.0)
@@ -172,9 +178,11 @@ def main() -> None:
     parser.add_argument("--games-per-step", type=int, default=128)
     parser.add_argument("--opponents", nargs="+", choices=["self", "random"], default=["self"])
     parser.add_argument("--lr", type=float, nargs="+", default=[0.01, 0.03])
+    parser.add_argument("--lr-schedule", choices=("constant", "linear", "cosine"), default="constant")
     parser.add_argument("--kl", type=float, nargs="+", default=[0.0, 0.2])
     parser.add_argument("--estimator", nargs="+", default=["rae"])
     parser.add_argument("--turn-discount", type=float, default=1.0, help="advantages.turn_discount")
+    parser.add_argument("--state-prior", type=float, default=None, help="advantages.state_prior (rae only)")
     parser.add_argument(
         "--reference-every", type=int, default=0, help="steps between moves of the KL reference to the current table"
     )
@@ -191,7 +199,8 @@ def main() -> None:
     print(
         f"{args.game}: {args.steps} steps x {args.games_per_step} games = {args.steps * args.games_per_step} games "
         f"per run against {'/'.join(args.opponents)}; initial tilt {args.tilt}; KL reference moved every "
-        f"{args.reference_every or 'never'} steps; turn discount {args.turn_discount}; {metric} "
+        f"{args.reference_every or 'never'} steps; turn discount {args.turn_discount}; state prior "
+        f"{args.state_prior}; {metric} "
         "(mean over seeds)"
     )
     for estimator, lr, kl_coef in itertools.product(args.estimator, args.lr, args.kl):

@@ -4,7 +4,7 @@ Each estimator turns a batch of finished trajectories into one advantage per tur
 learner multiplies into the policy-gradient loss. They differ in the baseline they subtract:
 
 - ``rae``: SPIRAL's role-conditioned advantage estimation, an EMA baseline per (game, role)
-  carried from batch to batch;
+  carried from batch to batch, optionally refined per state where the batch repeats a prompt;
 - ``turn_level``: MARS's per-turn rewards summed forward per player, then normalised per
   (game, role) across the batch;
 - ``grpo`` / ``dr_grpo`` / ``rloo``: group baselines over repeated plays of the same game start;
@@ -89,13 +89,25 @@ def rae(
     baselines: Mapping[Key, float],
     decay: float = 0.95,
     key: KeyFn = role_key,
+    state_prior: float | None = None,
 ) -> tuple[Advantages, dict[Key, float]]:
     """SPIRAL's role-conditioned advantages: A = R - b[key], then b <- decay*b + (1-decay)*R.
 
     Trajectories update the baselines in order; returns the advantages and the new baselines.
+
+    With `state_prior`, a turn's baseline is instead the mean return of the batch's *other*
+    seats that saw the same prompt, shrunk towards b[key] as if b[key] were `state_prior` more
+    of them. Where states repeat (Kuhn Poker's twelve information states), this removes from
+    the advantage what the state alone was worth (a King wins more than a Jack whatever it
+    does), the noise that otherwise swamps the small differences between moves; a state seen
+    once in the batch falls back to b[key]. Other games' returns are independent of this turn's
+    move, so the baseline leaves the gradient unbiased.
     """
     if not 0.0 <= decay <= 1.0:
         raise UserError(f"the RAE baseline decay must lie in [0, 1], got {decay}")
+    if state_prior is not None and state_prior < 0:
+        raise UserError(f"the RAE state prior must be at least 0, got {state_prior}")
+    by_state = _returns_by_state(trajectories, key) if state_prior is not None else {}
     updated = dict(baselines)
     values = []
     for traj_index, trajectory in enumerate(trajectories):
@@ -103,9 +115,26 @@ def rae(
             old = updated.get(k, 0.0)
             # The advantage uses the baseline from before this return, as SPIRAL's reference does,
             # so a return is never compared against a baseline it has already moved.
-            values.append((traj_index, indices, ret - old))
+            if state_prior is None:
+                values.append((traj_index, indices, ret - old))
+            else:
+                for index in indices:
+                    total, count = by_state[k, trajectory.turns[index].prompt_ids]
+                    weight = count - 1 + state_prior
+                    baseline = (total - ret + state_prior * old) / weight if weight > 0 else old
+                    values.append((traj_index, [index], ret - baseline))
             updated[k] = decay * old + (1.0 - decay) * ret
     return _assemble(trajectories, values), updated
+
+
+def _returns_by_state(trajectories: Sequence[Trajectory], key: KeyFn) -> dict[tuple[Key, tuple], tuple[float, int]]:
+    """(sum of returns, number of seats) per key and prompt: each seat counted once per prompt it saw."""
+    seen: dict[tuple[Key, tuple], dict[tuple[int, int], float]] = {}
+    for traj_index, trajectory in enumerate(trajectories):
+        for turn in trajectory.turns:
+            seat_return = float(trajectory.result.rewards[turn.seat])
+            seen.setdefault((key(turn), turn.prompt_ids), {})[traj_index, turn.seat] = seat_return
+    return {state: (sum(returns.values()), len(returns)) for state, returns in seen.items()}
 
 
 def turn_level_returns(
@@ -197,20 +226,29 @@ def estimate(
     decay: float = 0.95,
     key: KeyFn = role_key,
     turn_discount: float = 1.0,
+    state_prior: float | None = None,
 ) -> tuple[Advantages, dict[Key, float]]:
     """Run the estimator called `name`, each turn's advantage then scaled by `turn_discount` (see
-    `discount_turns`); returns the advantages and the baselines to carry to the next batch."""
-    advantages, baselines = _estimate(name, trajectories, baselines, decay, key)
+    `discount_turns`); returns the advantages and the baselines to carry to the next batch.
+    `state_prior` is RAE's (see `rae`); other estimators refuse it."""
+    if state_prior is not None and name != "rae":
+        raise UserError(f"advantages.state_prior is a setting of the rae estimator, not of {name}; remove it")
+    advantages, baselines = _estimate(name, trajectories, baselines, decay, key, state_prior)
     if turn_discount != 1.0:
         advantages = discount_turns(trajectories, advantages, turn_discount)
     return advantages, baselines
 
 
 def _estimate(
-    name: str, trajectories: Sequence[Trajectory], baselines: Mapping[Key, float], decay: float, key: KeyFn
+    name: str,
+    trajectories: Sequence[Trajectory],
+    baselines: Mapping[Key, float],
+    decay: float,
+    key: KeyFn,
+    state_prior: float | None,
 ) -> tuple[Advantages, dict[Key, float]]:
     if name == "rae":
-        return rae(trajectories, baselines, decay=decay, key=key)
+        return rae(trajectories, baselines, decay=decay, key=key, state_prior=state_prior)
     stateless: dict[str, Callable[[], Advantages]] = {
         "turn_level": lambda: turn_level_returns(trajectories, key=key),
         "grpo": lambda: grpo(trajectories, key=key),

@@ -38,6 +38,9 @@ class RolloutConfig:
 class AdvantageConfig:
     estimator: Literal["rae", "turn_level", "grpo", "dr_grpo", "rloo", "trr++", "reinforce"] = "rae"
     decay: float = 0.95  # RAE's baseline decay
+    # RAE only: baseline each turn on the batch's other plays of the same prompt, shrunk towards
+    # the role's baseline as if it were this many more plays; null keeps one baseline per role.
+    state_prior: float | None = None
     turn_discount: float = 1.0  # a turn's advantage times this ** (its player's later turns in the game)
     group_size: int = 1  # plays of each game start per step; grpo, dr_grpo and rloo need more than 1
 

@@ -119,6 +119,12 @@ def validate(config: TrainConfig) -> None:
             raise UserError(f"rollout.{name} must be at least 1.")
     if not 0 < config.advantages.turn_discount <= 1:
         raise UserError(f"advantages.turn_discount must lie in (0, 1], got {config.advantages.turn_discount}.")
+    state_prior = config.advantages.state_prior
+    if state_prior is not None and (config.advantages.estimator != "rae" or state_prior < 0):
+        raise UserError(
+            f"advantages.state_prior={state_prior} needs advantages.estimator=rae and a value of at least 0; "
+            "set it to null otherwise."
+        )
     if config.rollout.games_per_step % config.advantages.group_size:
         raise UserError("rollout.games_per_step must be a multiple of advantages.group_size.")
     if config.learner.reference_update_every:
@@ -449,6 +455,7 @@ class Trainer:
                 decay=config.advantages.decay,
                 key=advantage_key,
                 turn_discount=config.advantages.turn_discount,
+                state_prior=config.advantages.state_prior,
             )
             samples = [
                 Sample(turn.prompt_ids, turn.response_ids, turn.logprobs, advantage, turn.choices)

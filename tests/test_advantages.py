@@ -26,7 +26,15 @@ P0, P1 = ("ttt", "player_0"), ("ttt", "player_1")
 ROOT_1_5 = 1.224744871  # sqrt(1.5): the whitened extremes of three evenly spaced values
 
 
-def turn(seat: int, reward: float = 0.0, *, game: str = "ttt", role: str | None = None, invalid: bool = False) -> Turn:
+def turn(
+    seat: int,
+    reward: float = 0.0,
+    *,
+    game: str = "ttt",
+    role: str | None = None,
+    invalid: bool = False,
+    prompt: tuple[int, ...] = (1,),
+) -> Turn:
     return Turn(
         game=game,
         match_seed=0,
@@ -34,7 +42,7 @@ def turn(seat: int, reward: float = 0.0, *, game: str = "ttt", role: str | None 
         role=role or f"player_{seat}",
         agent="policy",
         policy_version=0,
-        prompt_ids=(1,),
+        prompt_ids=prompt,
         response_ids=(2,),
         logprobs=(-0.5,),
         text="\\boxed{0}",
@@ -116,6 +124,44 @@ def test_rae_with_a_custom_key_shares_a_baseline_between_seats_in_turn_order():
 def test_rae_rejects_a_decay_outside_the_unit_interval():
     with pytest.raises(UserError, match="decay"):
         rae([], {}, decay=1.5)
+
+
+STATE_BATCH = [
+    traj((2.0, -2.0), [turn(0, prompt=(7,))]),
+    traj((0.0, 0.0), [turn(0, prompt=(7,))]),
+    traj((1.0, -1.0), [turn(0, prompt=(8,))]),
+]
+
+
+def test_rae_state_prior_baselines_each_turn_on_the_other_plays_of_its_prompt():
+    # Role baseline b (decay 0.5): 0 -> 1 -> 0.5 -> 0.75, as without the prior. Prompt 7 was played
+    # twice (returns 2 and 0), prompt 8 once. With one pseudo-play at b:
+    #   first:  (0 others' sum + 1 * 0) / (1 + 1) = 0     -> A = 2 - 0 = 2
+    #   second: (2 + 1 * 1) / (1 + 1) = 1.5                -> A = 0 - 1.5 = -1.5
+    #   third:  no other play of prompt 8: (0 + 1 * 0.5) / 1 -> A = 1 - 0.5 = 0.5
+    advantages, baselines = rae(STATE_BATCH, {}, decay=0.5, state_prior=1.0)
+    assert_close(advantages, [(2.0,), (-1.5,), (0.5,)])
+    assert baselines == close({P0: 0.75}) == rae(STATE_BATCH, {}, decay=0.5)[1]
+
+
+def test_rae_state_prior_zero_is_leave_one_out_falling_back_to_the_role_baseline_when_alone():
+    advantages, _ = rae(STATE_BATCH, {}, decay=0.5, state_prior=0.0)
+    assert_close(advantages, [(2.0 - 0.0,), (0.0 - 2.0,), (1.0 - 0.5,)])
+
+
+def test_rae_state_prior_counts_each_seat_once_per_prompt():
+    # Seat 0 sees prompt 7 twice in the first game: its other play of prompt 7 is only the second game.
+    batch = [traj((2.0, -2.0), [turn(0, prompt=(7,)), turn(0, prompt=(7,))]), traj((0.0, 0.0), [turn(0, prompt=(7,))])]
+    advantages, _ = rae(batch, {}, state_prior=0.0)
+    assert_close(advantages, [(2.0, 2.0), (-2.0,)])
+
+
+def test_rae_state_prior_must_not_be_negative_and_belongs_to_rae_alone():
+    with pytest.raises(UserError, match="state prior"):
+        rae(STATE_BATCH, {}, state_prior=-1.0)
+    with pytest.raises(UserError, match="state_prior"):
+        estimate("grpo", STATE_BATCH, {}, state_prior=1.0)
+    assert estimate("rae", STATE_BATCH, {}, state_prior=2.0) == rae(STATE_BATCH, {}, state_prior=2.0)
 
 
 # ---- MARS turn-level returns ----

@@ -58,6 +58,8 @@ def test_bad_keys_and_values_are_named(override, message):
         (["advantages.estimator=grpo"], "group_size"),
         (["advantages.group_size=3"], "multiple of advantages.group_size"),
         (["advantages.turn_discount=0"], r"turn_discount must lie in \(0, 1\]"),
+        (["advantages.state_prior=-1"], "state_prior=-1.0 needs advantages.estimator=rae and a value of at least 0"),
+        (["advantages.estimator=trr++", "advantages.state_prior=4"], "state_prior=4.0 needs advantages.estimator=rae"),
         (["learner.reference_update_every=10"], "set learner.kl_coef above 0"),
         (["learner.kl_coef=0.1", "learner.reference_update_every=10", "learner.lora.rank=4"], "lora.rank=0"),
     ],
