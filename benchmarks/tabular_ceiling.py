@@ -9,7 +9,8 @@ become `Trajectory` records, advantages come from selfplay's own estimator
 (`selfplay.advantages.estimate`), and the loss is the on-policy policy gradient with the
 learner's token-mean aggregation, an optional KL penalty to the initial policy (the learner's
 k3 estimate; `--reference-every` moves that reference to the current table, as
-`learner.reference_update_every` does), gradient clipping at 1 and Adam.
+`learner.reference_update_every` does), gradient clipping at 1 and Adam, its learning rate
+on the learner's schedule (`--lr-schedule`, decaying across `--steps`).
 
 It measures what issue-style targets ask of the language model:
 - kuhn_poker: exact exploitability (OpenSpiel); uniform play is 0.458;
