@@ -136,6 +136,7 @@ def train(game, args, lr: float, kl_coef: float, estimator: str, seed: int) -> l
     table = Table(game, args.tilt, generator)
     reference = table.log_probs().detach()
     optimizer = torch.optim.Adam([table.logits], lr=lr)
+    schedule = LearnerConfig(lr=lr, lr_schedule=args.lr_schedule)
     baselines: dict = {}
     curve = [(0, score(table, args.eval_games, args.greedy, rng))]
     for step in range(1, args.steps + 1):
@@ -160,7 +161,7 @@ def train(game, args, lr: float, kl_coef: float, estimator: str, seed: int) -> l
             log_ratio = reference[rows, actions] - logp
             loss = loss + kl_coef * (torch.exp(log_ratio) - log_ratio - 1).mean()
         for group in optimizer.param_groups:
-            group["lr"] = scheduled_lr(LearnerConfig(lr=lr, lr_schedule=args.lr_schedule), step, args.steps)
+            group["lr"] = scheduled_lr(schedule, step, args.steps)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_([table.logits], 1.0)

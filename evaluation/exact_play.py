@@ -83,7 +83,7 @@ def tactical_moves(state: pyspiel.State) -> tuple[str, set[int]] | None:
     if winning:
         return "takes_win", winning
     legal = state.legal_actions()
-    safe = {a for a in legal if state.child(a).is_terminal() or not _winning_moves(state.child(a))}
+    safe = {a for a in legal if (child := state.child(a)).is_terminal() or not _winning_moves(child)}
     return ("stops_loss", safe) if 0 < len(safe) < len(legal) else None
 
 
