@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 import torch
 
-from selfplay.backends import SamplingSettings, make_backend
+from selfplay.backends import SamplingSettings, hf_backend, make_backend
 from selfplay.config import LearnerConfig, load_config
 from selfplay.errors import UserError
 from selfplay.evaluation.exploitability import information_states, move_probabilities
@@ -18,7 +18,7 @@ from selfplay.learner import Learner, Sample
 from selfplay.legal_decoding import advance_forced, allowed_tokens, answer_choices
 from selfplay.prompts import opening_messages, prompt_ids
 from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
-from selfplay.scoring import response_logprobs, response_logprobs_and_entropy
+from selfplay.scoring import response_hidden, response_logprobs, response_logprobs_and_entropy
 from selfplay.train import validate
 from tests.fakes import CountingTokenizer
 
@@ -124,6 +124,25 @@ def test_legal_sampling_writes_a_choice_drawn_from_the_masked_probabilities(tiny
     for generation, options, prompt in zip(greedy, choices, prompts):
         best = max(options, key=lambda o: response_logprobs(hf_model, [prompt], [o], 1.0, [options])[0].sum().item())
         assert generation.token_ids == best
+
+
+def test_legal_sampling_runs_each_distinct_context_once(tiny_model_dir, hf_model, tokenizer, monkeypatch):
+    backend = make_backend("hf", str(tiny_model_dir))
+    turns = turns_with_choices(tokenizer, games=("kuhn_poker", "tictactoe"), per_game=2)
+    prompts, choices = [t[0] for t in turns] * 4, [t[1] for t in turns] * 4
+    contexts_run = []
+
+    def counting_hidden(model, contexts, responses):
+        contexts_run.append(len(contexts))
+        return response_hidden(model, contexts, responses)
+
+    monkeypatch.setattr(hf_backend, "response_hidden", counting_hidden)
+    generations = backend.generate(prompts, LEGAL, choices)
+    assert contexts_run[0] == len({tuple(p) for p in prompts}) < len(prompts)
+    scored = response_logprobs(hf_model, prompts, [g.token_ids for g in generations], 1.0, choices)
+    for generation, options, logp in zip(generations, choices, scored):
+        assert generation.token_ids in options
+        assert generation.logprobs == pytest.approx(logp.tolist(), abs=1e-5)
 
 
 def test_rollouts_under_legal_decoding_play_no_invalid_move(tiny_model_dir, tokenizer):

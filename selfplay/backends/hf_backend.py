@@ -112,10 +112,13 @@ class HFBackend(PolicyBackend):
         greedy = sampling.temperature == 0
 
         def sample(rows, written, allowed, _round) -> list[tuple[int, float]]:
+            # Games in the same state share a context (every Kuhn Poker deal of one card, every
+            # TicTacToe opening): each distinct context runs once, and its rows share the logits.
+            contexts = [(*prompts[row], *response) for row, response in zip(rows, written)]
+            distinct = {context: i for i, context in enumerate(dict.fromkeys(contexts))}
             # A placeholder response token makes `response_hidden` return the state after the context.
-            contexts = [[*prompts[row], *response] for row, response in zip(rows, written)]
-            hidden = response_hidden(self.model, contexts, [[0]] * len(contexts))
-            logits = self.model.get_output_embeddings()(hidden).float()
+            hidden = response_hidden(self.model, list(distinct), [[0]] * len(distinct))
+            logits = self.model.get_output_embeddings()(hidden).float()[[distinct[c] for c in contexts]]
             if not greedy:
                 logits = logits / sampling.temperature
             mask = torch.zeros_like(logits, dtype=torch.bool)
