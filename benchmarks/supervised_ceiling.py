@@ -13,6 +13,13 @@ whole game. So a model that cannot learn the tactics from N labelled positions w
 them from N games of self-play, and its non-loss rate against `random` stays near that of a
 player that ignores the board.
 
+Two references, printed beside the model's figures, tell a slow model from a hard task or a
+broken loss:
+- a small multilayer perceptron that reads the board as OpenSpiel's observation tensor, trained
+  on the same positions, batch size and steps;
+- `--labels lowest-cell`: the same model trained to name the lowest-numbered empty cell, a
+  label that takes reading the board but no line.
+
     python benchmarks/supervised_ceiling.py --steps 300 --batch-size 32 --lr 1e-3
 """
 
@@ -44,13 +51,18 @@ GAME = "tictactoe"
 Labelled = tuple[InformationState, str, tuple[int, ...]]  # the state, its tactic, its right actions
 
 
-def labelled_positions() -> list[Labelled]:
-    """Every TicTacToe decision state with a one-move tactic, and that tactic's right moves."""
+def labelled_positions(labels: str = "tactics") -> list[Labelled]:
+    """Every TicTacToe decision state with a one-move tactic, and that tactic's right moves (with
+    `labels="lowest-cell"`, the lowest-numbered empty cell instead)."""
     spiel_states = decision_states(perfect_information_twin(GAME), GAME)
     labelled = []
     for state in information_states(GAME, by_state=True):
         tactic = tactical_moves(spiel_states[state.key])
-        if tactic is not None:
+        if tactic is None:
+            continue
+        if labels == "lowest-cell":
+            labelled.append((state, "lowest_cell", (min(state.actions),)))
+        else:
             kind, right = tactic
             labelled.append((state, kind, tuple(a for a in state.actions if a in right)))
     return labelled
@@ -102,6 +114,46 @@ def right_moves_loss(model, batch: list[Example], precision: str) -> torch.Tenso
     return -torch.stack(per_row).mean()
 
 
+def board_perceptron_figures(train: list[Labelled], held_out: list[Labelled], args) -> dict[int, str]:
+    """Held-out figures, every `args.every` steps, of a perceptron with two hidden layers that
+    reads each board as OpenSpiel's observation tensor plus the mover, trained like the model."""
+    spiel_states = decision_states(perfect_information_twin(GAME), GAME)
+
+    def tensors(positions: list[Labelled]):
+        boards = torch.tensor([[*spiel_states[s.key].observation_tensor(), float(s.player)] for s, _, _ in positions])
+        legal, right = torch.zeros(2, len(positions), 9, dtype=torch.bool)
+        for row, (state, _, right_actions) in enumerate(positions):
+            legal[row, list(state.actions)] = True
+            right[row, list(right_actions)] = True
+        return boards, legal, right
+
+    def probabilities(boards, legal):
+        return perceptron(boards).masked_fill(~legal, float("-inf")).softmax(-1)
+
+    torch.manual_seed(args.seed)
+    sampler = random.Random(args.seed)
+    train_boards, train_legal, train_right = tensors(train)
+    held_boards, held_legal, held_right = tensors(held_out)
+    width = train_boards.shape[1]
+    layers = [torch.nn.Linear(width, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU()]
+    perceptron = torch.nn.Sequential(*layers, torch.nn.Linear(256, 9))
+    optimizer = torch.optim.AdamW(perceptron.parameters(), lr=1e-3)
+    figures = {}
+    for step in range(1, args.steps + 1):
+        rows = sampler.sample(range(len(train)), args.batch_size)
+        right_probability = (probabilities(train_boards[rows], train_legal[rows]) * train_right[rows]).sum(-1)
+        loss = -right_probability.log().mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if step % args.every == 0 or step == args.steps:
+            with torch.no_grad():
+                held = (probabilities(held_boards, held_legal) * held_right).sum(-1).tolist()
+            by_state = {state.key: p for (state, _, _), p in zip(held_out, held)}
+            figures[step] = _figures(mean_by_tactic(held_out, lambda state, _, found=by_state: found[state.key]))
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="default", help="a model name or directory; default: the built-in model")
@@ -112,14 +164,21 @@ def main() -> None:
     parser.add_argument("--held-out", type=float, default=0.5, help="share of positions never trained on")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="bf16")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--labels",
+        choices=("tactics", "lowest-cell"),
+        default="tactics",
+        help="what to train on: the one-move tactics, or the lowest-numbered empty cell (a control)",
+    )
     args = parser.parse_args()
 
     random.seed(args.seed)
     torch.manual_seed(args.seed)
-    positions = labelled_positions()
+    positions = labelled_positions(args.labels)
     random.shuffle(positions)
     split = int(len(positions) * args.held_out)
     held_out, train = positions[:split], positions[split:]
+    perceptron = board_perceptron_figures(train, held_out, args)
     path = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
     examples = training_examples(tokenizer, train)
@@ -144,6 +203,7 @@ def main() -> None:
             recent = np.mean(losses[-args.every :])
             seen = step * args.batch_size
             print(f"step {step:>5}  examples {seen:>6}  loss {recent:.3f} {seconds:>5.0f}s  held out: {figures}")
+            print(f"{'':>45}board perceptron: {perceptron[step]}")
 
 
 def _figures(tactics: dict[str, float]) -> str:
