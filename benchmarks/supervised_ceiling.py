@@ -30,6 +30,7 @@ import random
 import time
 
 import numpy as np
+import pyspiel
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -51,10 +52,10 @@ GAME = "tictactoe"
 Labelled = tuple[InformationState, str, tuple[int, ...]]  # the state, its tactic, its right actions
 
 
-def labelled_positions(labels: str = "tactics") -> list[Labelled]:
+def labelled_positions(spiel_states: dict[str, pyspiel.State], labels: str = "tactics") -> list[Labelled]:
     """Every TicTacToe decision state with a one-move tactic, and that tactic's right moves (with
-    `labels="lowest-cell"`, the lowest-numbered empty cell instead)."""
-    spiel_states = decision_states(perfect_information_twin(GAME), GAME)
+    `labels="lowest-cell"`, the lowest-numbered empty cell instead). `spiel_states` are the
+    game's decision states by key (`decision_states`)."""
     labelled = []
     for state in information_states(GAME, by_state=True):
         tactic = tactical_moves(spiel_states[state.key])
@@ -114,10 +115,11 @@ def right_moves_loss(model, batch: list[Example], precision: str) -> torch.Tenso
     return -torch.stack(per_row).mean()
 
 
-def board_perceptron_figures(train: list[Labelled], held_out: list[Labelled], args) -> dict[int, str]:
+def board_perceptron_figures(
+    spiel_states: dict[str, pyspiel.State], train: list[Labelled], held_out: list[Labelled], args
+) -> dict[int, str]:
     """Held-out figures, every `args.every` steps, of a perceptron with two hidden layers that
     reads each board as OpenSpiel's observation tensor plus the mover, trained like the model."""
-    spiel_states = decision_states(perfect_information_twin(GAME), GAME)
 
     def tensors(positions: list[Labelled]):
         boards = torch.tensor([[*spiel_states[s.key].observation_tensor(), float(s.player)] for s, _, _ in positions])
@@ -127,8 +129,14 @@ def board_perceptron_figures(train: list[Labelled], held_out: list[Labelled], ar
             right[row, list(right_actions)] = True
         return boards, legal, right
 
-    def probabilities(boards, legal):
-        return perceptron(boards).masked_fill(~legal, float("-inf")).softmax(-1)
+    def right_probability(boards, legal, right):
+        return (perceptron(boards).masked_fill(~legal, float("-inf")).softmax(-1) * right).sum(-1)
+
+    def held_out_figures() -> str:
+        with torch.no_grad():
+            found = right_probability(held_boards, held_legal, held_right).tolist()
+        by_state = {state.key: p for (state, _, _), p in zip(held_out, found)}
+        return _figures(mean_by_tactic(held_out, lambda state, _: by_state[state.key]))
 
     torch.manual_seed(args.seed)
     sampler = random.Random(args.seed)
@@ -141,16 +149,12 @@ def board_perceptron_figures(train: list[Labelled], held_out: list[Labelled], ar
     figures = {}
     for step in range(1, args.steps + 1):
         rows = sampler.sample(range(len(train)), args.batch_size)
-        right_probability = (probabilities(train_boards[rows], train_legal[rows]) * train_right[rows]).sum(-1)
-        loss = -right_probability.log().mean()
+        loss = -right_probability(train_boards[rows], train_legal[rows], train_right[rows]).log().mean()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         if step % args.every == 0 or step == args.steps:
-            with torch.no_grad():
-                held = (probabilities(held_boards, held_legal) * held_right).sum(-1).tolist()
-            by_state = {state.key: p for (state, _, _), p in zip(held_out, held)}
-            figures[step] = _figures(mean_by_tactic(held_out, lambda state, _, found=by_state: found[state.key]))
+            figures[step] = held_out_figures()
     return figures
 
 
@@ -174,11 +178,12 @@ def main() -> None:
 
     random.seed(args.seed)
     torch.manual_seed(args.seed)
-    positions = labelled_positions(args.labels)
+    spiel_states = decision_states(perfect_information_twin(GAME), GAME)
+    positions = labelled_positions(spiel_states, args.labels)
     random.shuffle(positions)
     split = int(len(positions) * args.held_out)
     held_out, train = positions[:split], positions[split:]
-    perceptron = board_perceptron_figures(train, held_out, args)
+    perceptron = board_perceptron_figures(spiel_states, train, held_out, args)
     path = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
     examples = training_examples(tokenizer, train)
