@@ -13,12 +13,15 @@ whole game. So a model that cannot learn the tactics from N labelled positions w
 them from N games of self-play, and its non-loss rate against `random` stays near that of a
 player that ignores the board.
 
-Two references, printed beside the model's figures, tell a slow model from a hard task or a
-broken loss:
-- a small multilayer perceptron that reads the board as OpenSpiel's observation tensor, trained
-  on the same positions, batch size and steps;
-- `--labels lowest-cell`: the same model trained to name the lowest-numbered empty cell, a
-  label that takes reading the board but no line.
+References tell a slow model from a hard task or a broken loss:
+- beside the model's figures, a small multilayer perceptron that reads the board as OpenSpiel's
+  observation tensor, trained on the same positions, batch size and steps;
+- `--labels opposite`: the empty cells whose mirror image through the centre holds the
+  opponent's mark. Each answer depends on one other cell and on no line, so it measures how fast
+  the model learns where the marks are;
+- `--labels lowest-cell`: the lowest-numbered empty cell. Under legal decoding a fixed preference
+  for low numbers gives it without reading the board, so it checks the loss, the scoring and the
+  optimiser, not the model's reading.
 
     python benchmarks/supervised_ceiling.py --steps 300 --batch-size 32 --lr 1e-3
 """
@@ -53,12 +56,19 @@ Labelled = tuple[InformationState, str, tuple[int, ...]]  # the state, its tacti
 
 
 def labelled_positions(spiel_states: dict[str, pyspiel.State], labels: str = "tactics") -> list[Labelled]:
-    """Every TicTacToe decision state with a one-move tactic, and that tactic's right moves (with
-    `labels="lowest-cell"`, the lowest-numbered empty cell instead). `spiel_states` are the
-    game's decision states by key (`decision_states`)."""
+    """TicTacToe decision states with their right moves under `labels` (see the module's
+    docstring): for "tactics" and "lowest-cell", every state with a one-move tactic; for
+    "opposite", every state where some but not all empty cells face an opponent's mark.
+    `spiel_states` are the game's decision states by key (`decision_states`)."""
     labelled = []
     for state in information_states(GAME, by_state=True):
-        tactic = tactical_moves(spiel_states[state.key])
+        spiel_state = spiel_states[state.key]
+        if labels == "opposite":
+            right = _opposite_cells(spiel_state)
+            if 0 < len(right) < len(state.actions):
+                labelled.append((state, "opposite", right))
+            continue
+        tactic = tactical_moves(spiel_state)
         if tactic is None:
             continue
         if labels == "lowest-cell":
@@ -67,6 +77,14 @@ def labelled_positions(spiel_states: dict[str, pyspiel.State], labels: str = "ta
             kind, right = tactic
             labelled.append((state, kind, tuple(a for a in state.actions if a in right)))
     return labelled
+
+
+def _opposite_cells(state: pyspiel.State) -> tuple[int, ...]:
+    """The empty cells whose mirror image through the centre (cell 8 - k) holds the mark of the
+    player not to move."""
+    opponent_mark = "ox"[state.current_player()]
+    cells = str(state).replace("\n", "")
+    return tuple(k for k in state.legal_actions() if cells[8 - k] == opponent_mark)
 
 
 def mean_by_tactic(positions: list[Labelled], right_probability) -> dict[str, float]:
@@ -170,9 +188,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--labels",
-        choices=("tactics", "lowest-cell"),
+        choices=("tactics", "opposite", "lowest-cell"),
         default="tactics",
-        help="what to train on: the one-move tactics, or the lowest-numbered empty cell (a control)",
+        help="what to train on: the one-move tactics, or a control (see the description above)",
     )
     args = parser.parse_args()
 
@@ -189,7 +207,7 @@ def main() -> None:
     examples = training_examples(tokenizer, train)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    print(f"{len(positions)} positions with a tactic ({len(train)} to train on, {len(held_out)} held out)")
+    print(f"{len(positions)} labelled positions ({len(train)} to train on, {len(held_out)} held out)")
     print(f"uniform random legal move on the held-out positions: {_figures(uniform_tactics(held_out))}")
     print(f"step {0:>5}  examples {0:>6}  {'':>14}  held out: {_figures(held_out_tactics(model, tokenizer, held_out))}")
 
