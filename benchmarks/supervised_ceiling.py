@@ -52,39 +52,39 @@ from selfplay.scoring import autocast, response_logprobs
 
 GAME = "tictactoe"
 
-Labelled = tuple[InformationState, str, tuple[int, ...]]  # the state, its tactic, its right actions
+Labelled = tuple[InformationState, str, tuple[int, ...]]  # the state, its label kind, its right actions
 
 
 def labelled_positions(spiel_states: dict[str, pyspiel.State], labels: str = "tactics") -> list[Labelled]:
     """TicTacToe decision states with their right moves under `labels` (see the module's
-    docstring): for "tactics" and "lowest-cell", every state with a one-move tactic; for
-    "opposite", every state where some but not all empty cells face an opponent's mark.
-    `spiel_states` are the game's decision states by key (`decision_states`)."""
+    docstring): every state that `labels` names right moves in. `spiel_states` are the game's
+    decision states by key (`decision_states`)."""
+    label = _LABELS[labels]
     labelled = []
     for state in information_states(GAME, by_state=True):
-        spiel_state = spiel_states[state.key]
-        if labels == "opposite":
-            right = _opposite_cells(spiel_state)
-            if 0 < len(right) < len(state.actions):
-                labelled.append((state, "opposite", right))
-            continue
-        tactic = tactical_moves(spiel_state)
-        if tactic is None:
-            continue
-        if labels == "lowest-cell":
-            labelled.append((state, "lowest_cell", (min(state.actions),)))
-        else:
-            kind, right = tactic
+        found = label(spiel_states[state.key])
+        if found is not None:
+            kind, right = found
             labelled.append((state, kind, tuple(a for a in state.actions if a in right)))
     return labelled
 
 
-def _opposite_cells(state: pyspiel.State) -> tuple[int, ...]:
+def _lowest_cell(state: pyspiel.State) -> tuple[str, set[int]] | None:
+    """The lowest-numbered empty cell, in the states with a one-move tactic."""
+    return None if tactical_moves(state) is None else ("lowest_cell", {min(state.legal_actions())})
+
+
+def _opposite_cells(state: pyspiel.State) -> tuple[str, set[int]] | None:
     """The empty cells whose mirror image through the centre (cell 8 - k) holds the mark of the
-    player not to move."""
+    player not to move, where some but not all empty cells are such."""
     opponent_mark = "ox"[state.current_player()]
     cells = str(state).replace("\n", "")
-    return tuple(k for k in state.legal_actions() if cells[8 - k] == opponent_mark)
+    legal = state.legal_actions()
+    right = {k for k in legal if cells[8 - k] == opponent_mark}
+    return ("opposite", right) if 0 < len(right) < len(legal) else None
+
+
+_LABELS = {"tactics": tactical_moves, "opposite": _opposite_cells, "lowest-cell": _lowest_cell}
 
 
 def mean_by_tactic(positions: list[Labelled], right_probability) -> dict[str, float]:
@@ -188,7 +188,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--labels",
-        choices=("tactics", "opposite", "lowest-cell"),
+        choices=tuple(_LABELS),
         default="tactics",
         help="what to train on: the one-move tactics, or a control (see the description above)",
     )
