@@ -119,6 +119,7 @@ Reading = tuple[list[int], list[int]]
 
 READ_REQUEST = "Before you move, write what each cell holds: its number, then X, O or - when empty."
 CELL_CONTENT = {"x": "X", "o": "O", ".": "-"}
+CELLS = 9
 
 
 def training_examples(tokenizer, positions: list[Labelled]) -> list[Example]:
@@ -159,17 +160,17 @@ def reading_examples(
         for s in states
     ]
     answer_ids = tokenizer(answers, add_special_tokens=False)["input_ids"]
-    if any(len(ids) != 18 for ids in answer_ids):
+    if any(len(ids) != 2 * CELLS for ids in answer_ids):
         raise ValueError("this tokenizer does not write a cell's number and its content as one token each")
     return [(prompt, [*ids, tokenizer.eos_token_id]) for prompt, ids in zip(prompts, answer_ids)]
 
 
 def content_logprobs(model, batch: list[Reading], precision: str) -> torch.Tensor:
-    """log P(the right content) of each cell of each board in `batch`, teacher-forced: (boards, 9)."""
+    """log P(the right content) of each cell of each board in `batch`, teacher-forced: (boards, CELLS)."""
     prompts, answers = zip(*batch)
     with autocast(precision, "cpu"):
         logprobs = response_logprobs(model, prompts, answers)
-    return torch.stack([lp.float()[1:18:2] for lp in logprobs])
+    return torch.stack([lp.float()[1 : 2 * CELLS : 2] for lp in logprobs])
 
 
 def reading_loss(model, batch: list[Reading], precision: str) -> torch.Tensor:
