@@ -84,10 +84,15 @@ def _opposite_cells(state: pyspiel.State) -> tuple[str, set[int]] | None:
     """The empty cells whose mirror image through the centre (cell 8 - k) holds the mark of the
     player not to move, where some but not all empty cells are such."""
     opponent_mark = "ox"[state.current_player()]
-    cells = str(state).replace("\n", "")
+    cells = _cells(state)
     legal = state.legal_actions()
     right = {k for k in legal if cells[8 - k] == opponent_mark}
     return ("opposite", right) if 0 < len(right) < len(legal) else None
+
+
+def _cells(state: pyspiel.State) -> str:
+    """The board's nine cells in order, as OpenSpiel prints them: `x`, `o` or `.` when empty."""
+    return str(state).replace("\n", "")
 
 
 _LABELS = {"tactics": tactical_moves, "opposite": _opposite_cells, "lowest-cell": _lowest_cell}
@@ -156,8 +161,7 @@ def reading_examples(
         conversations.append([*context, {**request, "content": f"{request['content']}\n\n{READ_REQUEST}"}])
     prompts = batch_prompt_ids(tokenizer, conversations)
     answers = [
-        "".join(f"{cell}{CELL_CONTENT[mark]}" for cell, mark in enumerate(str(spiel_states[s.key]).replace("\n", "")))
-        for s in states
+        "".join(f"{cell}{CELL_CONTENT[mark]}" for cell, mark in enumerate(_cells(spiel_states[s.key]))) for s in states
     ]
     answer_ids = tokenizer(answers, add_special_tokens=False)["input_ids"]
     if any(len(ids) != 2 * CELLS for ids in answer_ids):
@@ -189,8 +193,9 @@ def held_out_reading(model, boards: list[Reading], precision: str) -> str:
 
 
 def train(model, optimizer, examples: list, loss_fn, steps: int, args, held_out_figures) -> None:
-    """`steps` AdamW steps on batches sampled from `examples`, printing the training loss and
-    `held_out_figures(step)` every `args.every` steps."""
+    """`steps` AdamW steps on batches sampled from `examples`, printing `held_out_figures(step)`
+    before the first and, with the training loss, every `args.every` steps."""
+    print(f"step {0:>5}  examples {0:>6}  {'':>14}  held out: {held_out_figures(0)}")
     model.train()
     started, losses = time.perf_counter(), []
     for step in range(1, steps + 1):
@@ -291,8 +296,6 @@ def main() -> None:
         readings = reading_examples(tokenizer, boards, spiel_states)
         read_held_out, read_train = readings[:500], readings[500:]
         print(f"reading: {len(read_train)} boards to train on, {len(read_held_out)} held out")
-        reading = held_out_reading(model, read_held_out, args.precision)
-        print(f"step {0:>5}  examples {0:>6}  {'':>14}  held out: {reading}")
         train(
             model,
             optimizer,
@@ -305,11 +308,10 @@ def main() -> None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     print(f"{len(positions)} labelled positions ({len(train_positions)} to train on, {len(held_out)} held out)")
     print(f"uniform random legal move on the held-out positions: {_figures(uniform_tactics(held_out))}")
-    print(f"step {0:>5}  examples {0:>6}  {'':>14}  held out: {_figures(held_out_tactics(model, tokenizer, held_out))}")
 
     def held_out_figures(step: int) -> str:
         figures = _figures(held_out_tactics(model, tokenizer, held_out))
-        return f"{figures}\n{'':>45}board perceptron: {perceptron[step]}"
+        return f"{figures}\n{'':>45}board perceptron: {perceptron[step]}" if step else figures
 
     train(model, optimizer, examples, right_moves_loss, args.steps, args, held_out_figures)
 
