@@ -78,7 +78,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*")
     parser.add_argument("--minutes", type=float, default=20.0, help="training wall-time budget")
     parser.add_argument("--episodes", type=int, default=400, help="evaluation games per game (seats alternate)")
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()
     config = load_config(args.config, [*args.overrides, f"max_minutes={args.minutes}"])
     rollout = config.rollout
     sampling = SamplingSettings(

@@ -56,9 +56,8 @@ def _cmd_play(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     from selfplay.train import train_command
 
-    config, overrides = args.config, args.overrides
-    if config is not None and "=" in config:  # no config file, only overrides
-        config, overrides = None, [config, *overrides]
+    overrides = [word for word in (args.config, *args.overrides) if word is not None]
+    config = overrides.pop(0) if overrides and "=" not in overrides[0] else None  # else only overrides
     metrics = train_command(config, overrides, args.resume, progress=not args.no_progress)
     summary = {k: round(v, 4) for k, v in metrics.items() if k.startswith(("reward/", "vs/", "turns/invalid"))}
     print(json.dumps(summary, indent=2))
@@ -270,7 +269,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unparsed = parser.parse_known_args(argv)
+    if unparsed:
+        # argparse fills positionals only before the first option, so overrides written after
+        # one (`train CONFIG --no-progress steps=3`) arrive here.
+        if args.command != "train" or any(word.startswith("-") for word in unparsed):
+            parser.error(f"unrecognized arguments: {' '.join(unparsed)}")
+        args.overrides = [*args.overrides, *unparsed]
     try:
         return args.run(args)
     except UserError as err:

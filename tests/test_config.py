@@ -84,3 +84,15 @@ def test_cli_reports_a_bad_key_in_one_line(tmp_path, capsys):
     assert "Cannot read config" in capsys.readouterr().err
     assert main(["train", "--resume", str(tmp_path / "nowhere")]) == 2
     assert "not a run directory" in capsys.readouterr().err
+
+
+def test_cli_reads_overrides_written_after_an_option(tmp_path, capsys):
+    config = tmp_path / "good.yaml"
+    config.write_text("steps: 3\n")
+    assert main(["train", str(config), "--no-progress", "learner.lrate=0.1"]) == 2
+    assert "Unknown config key 'learner.lrate'" in capsys.readouterr().err
+    assert main(["train", "--no-progress", "learner.lrate=0.1"]) == 2
+    assert "Unknown config key 'learner.lrate'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["train", str(config), "--no-progress", "--bogus"])
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
