@@ -28,13 +28,19 @@ References tell a slow model from a hard task or a broken loss:
 and prints how often it reads right on 500 boards it never trained on. The labels that follow
 then show whether a model that knows where the marks are learns the tactics any faster.
 
-    python benchmarks/supervised_ceiling.py --steps 300 --batch-size 32 --lr 1e-3
+`--prompt board` asks with the board alone (`0XX3OO6XOX`: nine cells, an empty one showing its
+number, then the mark to move) instead of the game's prompt of about 190 tokens, which tells a
+model that cannot learn the tactics from one that cannot learn them inside a long prompt.
+
+    python benchmarks/supervised_ceiling.py --steps 300 --batch-size 32 --lr 3e-4
+    python benchmarks/supervised_ceiling.py --prompt board --steps 1000 --every 250
     python benchmarks/supervised_ceiling.py --read-first 1500 --steps 500 --every 125
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import time
 
@@ -96,6 +102,13 @@ def _cells(state: pyspiel.State) -> str:
 
 
 _LABELS = {"tactics": tactical_moves, "opposite": _opposite_cells, "lowest-cell": _lowest_cell}
+
+
+def board_only(state: InformationState, spiel_state: pyspiel.State) -> InformationState:
+    """`state` asked with the board alone as its prompt: nine cells, an empty one showing its
+    number, then the mark to move, e.g. `0XX3OO6XOX`."""
+    cells = "".join(str(i) if c == "." else c.upper() for i, c in enumerate(_cells(spiel_state)))
+    return dataclasses.replace(state, messages=[{"role": "user", "content": cells + "XO"[state.player]}])
 
 
 def mean_by_tactic(positions: list[Labelled], right_probability) -> dict[str, float]:
@@ -260,7 +273,7 @@ def main() -> None:
     parser.add_argument("--model", default="default", help="a model name or directory; default: the built-in model")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--every", type=int, default=50, help="steps between held-out measurements")
     parser.add_argument("--held-out", type=float, default=0.5, help="share of positions never trained on")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="bf16")
@@ -272,6 +285,12 @@ def main() -> None:
         help="what to train on: the one-move tactics, or a control (see the description above)",
     )
     parser.add_argument(
+        "--prompt",
+        choices=("game", "board"),
+        default="game",
+        help="the game's own prompt, or the board alone: nine cells and the mark to move",
+    )
+    parser.add_argument(
         "--read-first", type=int, default=0, metavar="N", help="steps of board reading before the labels"
     )
     args = parser.parse_args()
@@ -279,7 +298,11 @@ def main() -> None:
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     spiel_states = decision_states(perfect_information_twin(GAME), GAME)
-    positions = labelled_positions(spiel_states, args.labels)
+
+    def asked(state: InformationState) -> InformationState:
+        return board_only(state, spiel_states[state.key]) if args.prompt == "board" else state
+
+    positions = [(asked(state), kind, right) for state, kind, right in labelled_positions(spiel_states, args.labels)]
     random.shuffle(positions)
     split = int(len(positions) * args.held_out)
     held_out, train_positions = positions[:split], positions[split:]
@@ -291,7 +314,7 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     if args.read_first:
         held_out_keys = {state.key for state, _, _ in held_out}
-        boards = [s for s in information_states(GAME, by_state=True) if s.key not in held_out_keys]
+        boards = [asked(s) for s in information_states(GAME, by_state=True) if s.key not in held_out_keys]
         random.shuffle(boards)
         readings = reading_examples(tokenizer, boards, spiel_states)
         read_held_out, read_train = readings[:500], readings[500:]

@@ -26,9 +26,9 @@ class TicTacToe(OpenSpielGame):
         return str(action)
 
     def describe(self, player: int) -> str:
-        # One character per cell and none between them, so that a tokenizer that splits digits
-        # (as the default model's, Qwen's and Llama's do) reads every cell as one token at the
-        # same place on every board: a model finds cell k where it found it the move before.
+        # One character per cell, so that a tokenizer that splits digits (as the default
+        # model's, Qwen's and Llama's do) reads every cell as one token at the same place on
+        # every board: a model finds cell k where it found it the move before.
         cells = self.state.observation_string(player).replace("\n", "")
         shown = [str(i) if c == "." else c.upper() for i, c in enumerate(cells)]
         board = "\n".join("|".join(shown[r * 3 : r * 3 + 3]) for r in range(3))
