@@ -58,6 +58,7 @@ from selfplay.evaluation.exploitability import (
     model_scorer,
     scored_states,
 )
+from selfplay.games.tictactoe import shown_cells
 from selfplay.legal_decoding import Choices
 from selfplay.prompts import batch_prompt_ids
 from selfplay.scoring import autocast, response_logprobs
@@ -107,7 +108,7 @@ _LABELS = {"tactics": tactical_moves, "opposite": _opposite_cells, "lowest-cell"
 def board_only(state: InformationState, spiel_state: pyspiel.State) -> InformationState:
     """`state` asked with the board alone as its prompt: nine cells, an empty one showing its
     number, then the mark to move, e.g. `0XX3OO6XOX`."""
-    cells = "".join(str(i) if c == "." else c.upper() for i, c in enumerate(_cells(spiel_state)))
+    cells = "".join(shown_cells(_cells(spiel_state)))
     return dataclasses.replace(state, messages=[{"role": "user", "content": cells + "XO"[state.player]}])
 
 

@@ -29,7 +29,12 @@ class TicTacToe(OpenSpielGame):
         # One character per cell, so that a tokenizer that splits digits (as the default
         # model's, Qwen's and Llama's do) reads every cell as one token at the same place on
         # every board: a model finds cell k where it found it the move before.
-        cells = self.state.observation_string(player).replace("\n", "")
-        shown = [str(i) if c == "." else c.upper() for i, c in enumerate(cells)]
+        shown = shown_cells(self.state.observation_string(player).replace("\n", ""))
         board = "\n".join("|".join(shown[r * 3 : r * 3 + 3]) for r in range(3))
         return f"You play {_MARKS[player]}. The board (empty cells show their number):\n{board}"
+
+
+def shown_cells(cells: str) -> list[str]:
+    """OpenSpiel's nine cells (`x`, `o`, `.`) as the prompt shows them: a mark in capitals, an
+    empty cell as its number."""
+    return [str(i) if c == "." else c.upper() for i, c in enumerate(cells)]
