@@ -58,7 +58,7 @@ from selfplay.evaluation.exploitability import (
     model_scorer,
     scored_states,
 )
-from selfplay.games.tictactoe import shown_cells
+from selfplay.games.tictactoe import MARKS, shown_cells
 from selfplay.legal_decoding import Choices
 from selfplay.prompts import batch_prompt_ids
 from selfplay.scoring import autocast, response_logprobs
@@ -109,7 +109,7 @@ def board_only(state: InformationState, spiel_state: pyspiel.State) -> Informati
     """`state` asked with the board alone as its prompt: nine cells, an empty one showing its
     number, then the mark to move, e.g. `0XX3OO6XOX`."""
     cells = "".join(shown_cells(_cells(spiel_state)))
-    return dataclasses.replace(state, messages=[{"role": "user", "content": cells + "XO"[state.player]}])
+    return dataclasses.replace(state, messages=[{"role": "user", "content": cells + MARKS[state.player]}])
 
 
 def mean_by_tactic(positions: list[Labelled], right_probability) -> dict[str, float]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from selfplay.games.openspiel_game import OpenSpielGame
 
-_MARKS = ("X", "O")
+MARKS = ("X", "O")  # by seat
 
 
 class TicTacToe(OpenSpielGame):
@@ -31,7 +31,7 @@ class TicTacToe(OpenSpielGame):
         # every board: a model finds cell k where it found it the move before.
         shown = shown_cells(self.state.observation_string(player).replace("\n", ""))
         board = "\n".join("|".join(shown[r * 3 : r * 3 + 3]) for r in range(3))
-        return f"You play {_MARKS[player]}. The board (empty cells show their number):\n{board}"
+        return f"You play {MARKS[player]}. The board (empty cells show their number):\n{board}"
 
 
 def shown_cells(cells: str) -> list[str]:
