@@ -31,10 +31,14 @@ then show whether a model that knows where the marks are learns the tactics any 
 `--prompt board` asks with the board alone (`0XX3OO6XOX`: nine cells, an empty one showing its
 number, then the mark to move) instead of the game's prompt of about 190 tokens, which tells a
 model that cannot learn the tactics from one that cannot learn them inside a long prompt.
+`--prompt rules-board` puts the game's rules (about 110 tokens that never change) before the
+board as the system message, and `--sliding-window N` lets every layer attend to its last N
+tokens only: together they tell whether what slows a model is the prompt's length as such.
 
     python benchmarks/supervised_ceiling.py --steps 300 --batch-size 32 --lr 3e-4
     python benchmarks/supervised_ceiling.py --prompt board --steps 1000 --every 250
     python benchmarks/supervised_ceiling.py --read-first 1500 --steps 500 --every 125
+    python benchmarks/supervised_ceiling.py --prompt rules-board --sliding-window 32 --lr 1e-4
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ import time
 import numpy as np
 import pyspiel
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from selfplay.default_model import resolve_model
 from selfplay.evaluation.exact_play import perfect_information_twin, tactical_moves
@@ -105,11 +109,26 @@ def _cells(state: pyspiel.State) -> str:
 _LABELS = {"tactics": tactical_moves, "opposite": _opposite_cells, "lowest-cell": _lowest_cell}
 
 
-def board_only(state: InformationState, spiel_state: pyspiel.State) -> InformationState:
+def board_only(state: InformationState, spiel_state: pyspiel.State, with_rules: bool = False) -> InformationState:
     """`state` asked with the board alone as its prompt: nine cells, an empty one showing its
-    number, then the mark to move, e.g. `0XX3OO6XOX`."""
+    number, then the mark to move, e.g. `0XX3OO6XOX`; `with_rules` puts the game's rules
+    before it as the system message, as the game's own prompt does."""
     cells = "".join(shown_cells(_cells(spiel_state)))
-    return dataclasses.replace(state, messages=[{"role": "user", "content": cells + MARKS[state.player]}])
+    board = {"role": "user", "content": cells + MARKS[state.player]}
+    return dataclasses.replace(state, messages=[state.messages[0], board] if with_rules else [board])
+
+
+def load_model(path: str, sliding_window: int | None = None):
+    """The model at `path` in float32; with `sliding_window`, every layer attends to that many
+    most recent tokens only (a Qwen2-style config's sliding-window attention)."""
+    if sliding_window is None:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(path)
+    if not hasattr(config, "layer_types") or not hasattr(config, "sliding_window"):
+        raise SystemExit(f"--sliding-window: {config.model_type} models have no sliding-window attention")
+    config.use_sliding_window, config.sliding_window = True, sliding_window
+    config.layer_types = ["sliding_attention"] * config.num_hidden_layers
+    return AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch.float32)
 
 
 def mean_by_tactic(positions: list[Labelled], right_probability) -> dict[str, float]:
@@ -287,9 +306,16 @@ def main() -> None:
     )
     parser.add_argument(
         "--prompt",
-        choices=("game", "board"),
+        choices=("game", "board", "rules-board"),
         default="game",
-        help="the game's own prompt, or the board alone: nine cells and the mark to move",
+        help="the game's own prompt; the board alone (nine cells and the mark to move); or the rules, then the board",
+    )
+    parser.add_argument(
+        "--sliding-window",
+        type=int,
+        default=None,
+        metavar="N",
+        help="load the model with every layer attending to the last N tokens only",
     )
     parser.add_argument(
         "--read-first", type=int, default=0, metavar="N", help="steps of board reading before the labels"
@@ -301,7 +327,9 @@ def main() -> None:
     spiel_states = decision_states(perfect_information_twin(GAME), GAME)
 
     def asked(state: InformationState) -> InformationState:
-        return board_only(state, spiel_states[state.key]) if args.prompt == "board" else state
+        if args.prompt == "game":
+            return state
+        return board_only(state, spiel_states[state.key], with_rules=args.prompt == "rules-board")
 
     positions = [(asked(state), kind, right) for state, kind, right in labelled_positions(spiel_states, args.labels)]
     random.shuffle(positions)
@@ -311,7 +339,7 @@ def main() -> None:
     path = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
     examples = training_examples(tokenizer, train_positions)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model = load_model(path, args.sliding_window)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     if args.read_first:
         held_out_keys = {state.key for state, _, _ in held_out}
