@@ -34,11 +34,14 @@ model that cannot learn the tactics from one that cannot learn them inside a lon
 `--prompt rules-board` puts the game's rules (about 110 tokens that never change) before the
 board as the system message, and `--sliding-window N` lets every layer attend to its last N
 tokens only: together they tell whether what slows a model is the prompt's length as such.
+A window changes what a trained model computes, so compare windows on untrained weights
+(`python -m selfplay.warm_start DIR --untrained --measure-only` writes the default model's
+untrained weights to DIR).
 
     python benchmarks/supervised_ceiling.py --steps 300 --batch-size 32 --lr 3e-4
     python benchmarks/supervised_ceiling.py --prompt board --steps 1000 --every 250
     python benchmarks/supervised_ceiling.py --read-first 1500 --steps 500 --every 125
-    python benchmarks/supervised_ceiling.py --prompt rules-board --sliding-window 32 --lr 1e-4
+    python benchmarks/supervised_ceiling.py --model DIR --prompt rules-board --sliding-window 32 --lr 1e-4
 """
 
 from __future__ import annotations
@@ -114,8 +117,8 @@ def board_only(state: InformationState, spiel_state: pyspiel.State, with_rules: 
     number, then the mark to move, e.g. `0XX3OO6XOX`; `with_rules` puts the game's rules
     before it as the system message, as the game's own prompt does."""
     cells = "".join(shown_cells(_cells(spiel_state)))
-    board = {"role": "user", "content": cells + MARKS[state.player]}
-    return dataclasses.replace(state, messages=[state.messages[0], board] if with_rules else [board])
+    rules = [message for message in state.messages if message["role"] == "system"] if with_rules else []
+    return dataclasses.replace(state, messages=[*rules, {"role": "user", "content": cells + MARKS[state.player]}])
 
 
 def load_model(path: str, sliding_window: int | None = None):
