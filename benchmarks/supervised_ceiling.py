@@ -129,7 +129,7 @@ def load_model(path: str, sliding_window: int | None = None):
     config = AutoConfig.from_pretrained(path)
     if not hasattr(config, "layer_types") or not hasattr(config, "sliding_window"):
         raise SystemExit(f"--sliding-window: {config.model_type} models have no sliding-window attention")
-    config.use_sliding_window, config.sliding_window = True, sliding_window
+    config.sliding_window = sliding_window
     config.layer_types = ["sliding_attention"] * config.num_hidden_layers
     return AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch.float32)
 
