@@ -34,6 +34,8 @@ model that cannot learn the tactics from one that cannot learn them inside a lon
 `--prompt rules-board` puts the game's rules (about 110 tokens that never change) before the
 board as the system message, and `--sliding-window N` lets every layer attend to its last N
 tokens only: together they tell whether what slows a model is the prompt's length as such.
+`--prompt view` asks with the game's own prompt in the view style (`rollout.prompt: view`: the
+board as the game describes it, no rules, move list or instruction).
 A window changes what a trained model computes, so compare windows on untrained weights
 (`python -m selfplay.warm_start DIR --untrained --measure-only` writes the default model's
 untrained weights to DIR).
@@ -67,7 +69,7 @@ from selfplay.evaluation.exploitability import (
 )
 from selfplay.games.tictactoe import MARKS, shown_cells
 from selfplay.legal_decoding import Choices
-from selfplay.prompts import batch_prompt_ids
+from selfplay.prompts import PromptStyle, batch_prompt_ids
 from selfplay.scoring import autocast, response_logprobs
 
 GAME = "tictactoe"
@@ -75,13 +77,15 @@ GAME = "tictactoe"
 Labelled = tuple[InformationState, str, tuple[int, ...]]  # the state, its label kind, its right actions
 
 
-def labelled_positions(spiel_states: dict[str, pyspiel.State], labels: str = "tactics") -> list[Labelled]:
-    """TicTacToe decision states with their right moves under `labels` (see the module's
-    docstring): every state that `labels` names right moves in. `spiel_states` are the game's
-    decision states by key (`decision_states`)."""
+def labelled_positions(
+    spiel_states: dict[str, pyspiel.State], labels: str = "tactics", style: PromptStyle = "full"
+) -> list[Labelled]:
+    """TicTacToe decision states, asked in prompt style `style`, with their right moves under
+    `labels` (see the module's docstring): every state that `labels` names right moves in.
+    `spiel_states` are the game's decision states by key (`decision_states`)."""
     label = _LABELS[labels]
     labelled = []
-    for state in information_states(GAME, by_state=True):
+    for state in information_states(GAME, by_state=True, prompt=style):
         found = label(spiel_states[state.key])
         if found is not None:
             kind, right = found
@@ -309,9 +313,10 @@ def main() -> None:
     )
     parser.add_argument(
         "--prompt",
-        choices=("game", "board", "rules-board"),
+        choices=("game", "view", "board", "rules-board"),
         default="game",
-        help="the game's own prompt; the board alone (nine cells and the mark to move); or the rules, then the board",
+        help="the game's own prompt, in the full or the view style; the board alone (nine cells and the mark to "
+        "move); or the rules, then the board",
     )
     parser.add_argument(
         "--sliding-window",
@@ -329,12 +334,15 @@ def main() -> None:
     torch.manual_seed(args.seed)
     spiel_states = decision_states(perfect_information_twin(GAME), GAME)
 
+    style = "view" if args.prompt == "view" else "full"
+
     def asked(state: InformationState) -> InformationState:
-        if args.prompt == "game":
+        if args.prompt in ("game", "view"):
             return state
         return board_only(state, spiel_states[state.key], with_rules=args.prompt == "rules-board")
 
-    positions = [(asked(state), kind, right) for state, kind, right in labelled_positions(spiel_states, args.labels)]
+    labelled = labelled_positions(spiel_states, args.labels, style)
+    positions = [(asked(state), kind, right) for state, kind, right in labelled]
     random.shuffle(positions)
     split = int(len(positions) * args.held_out)
     held_out, train_positions = positions[:split], positions[split:]
@@ -346,7 +354,7 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     if args.read_first:
         held_out_keys = {state.key for state, _, _ in held_out}
-        boards = [asked(s) for s in information_states(GAME, by_state=True) if s.key not in held_out_keys]
+        boards = [asked(s) for s in information_states(GAME, by_state=True, prompt=style) if s.key not in held_out_keys]
         random.shuffle(boards)
         readings = reading_examples(tokenizer, boards, spiel_states)
         read_held_out, read_train = readings[:500], readings[500:]

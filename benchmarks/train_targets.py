@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from selfplay.backends import SamplingSettings
 from selfplay.checkpoint import latest_checkpoint
-from selfplay.config import load_config
+from selfplay.config import RolloutConfig, load_config
 from selfplay.default_model import resolve_model
 from selfplay.evaluation.exact_play import exact_report
 from selfplay.evaluation.exploitability import exploitability_of, move_probabilities
@@ -35,8 +35,13 @@ from selfplay.match import play_series
 from selfplay.train import Trainer
 
 
-def non_loss_vs_random(model_dir: str, game: str, episodes: int, seed: int, sampling: SamplingSettings) -> dict:
-    results = play_series(game, [f"model:{model_dir}", "random"], episodes, seed, sampling=sampling, progress=False)
+def non_loss_vs_random(model_dir: str, game: str, episodes: int, seed: int, rollout: RolloutConfig) -> dict:
+    sampling = SamplingSettings(
+        max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature, decoding=rollout.decoding
+    )
+    results = play_series(
+        game, [f"model:{model_dir}", "random"], episodes, seed, sampling=sampling, prompt=rollout.prompt, progress=False
+    )
     figures = {}
     for seat in (0, 1):
         mine = [r for r in results if r.players[seat].startswith("model:")]
@@ -57,18 +62,19 @@ def load(model_dir: str):
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval(), tokenizer
 
 
-def measure(model_dir: str, games: list[str], episodes: int, seed: int, sampling: SamplingSettings) -> dict:
+def measure(model_dir: str, games: list[str], episodes: int, seed: int, rollout: RolloutConfig) -> dict:
+    """The figures of the model in `model_dir`, asked and decoded as `rollout` says."""
     figures = {}
+    asked = {"decoding": rollout.decoding, "prompt": rollout.prompt}
     for game in games:
-        decoding = sampling.decoding
         if game == "kuhn_poker":
-            probabilities = move_probabilities(*load(model_dir), game, decoding=decoding)
+            probabilities = move_probabilities(*load(model_dir), game, **asked)
             figures["kuhn_poker/exploitability"] = exploitability_of(game, probabilities)
             # Each information state is its card (0 J, 1 Q, 2 K), then the moves so far (p pass, b bet).
             figures["kuhn_poker/p_bet_or_call"] = {key: round(p[1], 3) for key, p in sorted(probabilities.items())}
         if game == "tictactoe":
-            figures["tictactoe/exact_vs_random"] = exact_report(*load(model_dir), game, decoding=decoding)
-        figures[f"{game}/vs_random"] = non_loss_vs_random(model_dir, game, episodes, seed, sampling)
+            figures["tictactoe/exact_vs_random"] = exact_report(*load(model_dir), game, **asked)
+        figures[f"{game}/vs_random"] = non_loss_vs_random(model_dir, game, episodes, seed, rollout)
     return figures
 
 
@@ -80,19 +86,15 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=400, help="evaluation games per game (seats alternate)")
     args = parser.parse_intermixed_args()
     config = load_config(args.config, [*args.overrides, f"max_minutes={args.minutes}"])
-    rollout = config.rollout
-    sampling = SamplingSettings(
-        max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature, decoding=rollout.decoding
-    )
     games = list(config.games)
     before_dir = resolve_model(config.model)
-    before = measure(before_dir, games, args.episodes, seed=12345, sampling=sampling)
+    before = measure(before_dir, games, args.episodes, seed=12345, rollout=config.rollout)
     print(json.dumps({"before": before}, indent=1), flush=True)
     started = time.monotonic()
     last = Trainer(config).run()
     minutes = (time.monotonic() - started) / 60
     checkpoint = latest_checkpoint(config.run_dir)
-    after = measure(str(checkpoint), games, args.episodes, seed=12345, sampling=sampling)
+    after = measure(str(checkpoint), games, args.episodes, seed=12345, rollout=config.rollout)
     summary = {"before": before, "after": after, "trained_steps": checkpoint.name, "train_minutes": minutes}
     summary["last_step"] = {k: round(v, 4) for k, v in last.items() if k.startswith(("reward/", "vs/", "time/"))}
     print(json.dumps(summary, indent=1))

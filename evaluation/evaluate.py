@@ -304,7 +304,7 @@ def evaluate(candidates: Sequence[Candidate], settings: EvalSettings, progress: 
         bar.close()
     if settings.exploitability:
         results["exploitability"] = exploitabilities(
-            candidates, [g for g in settings.games if g in SUPPORTED_GAMES], settings.rollout.sampling.decoding
+            candidates, [g for g in settings.games if g in SUPPORTED_GAMES], settings.rollout
         )
     return results
 
@@ -364,8 +364,9 @@ def round_robin(
     }
 
 
-def exploitabilities(candidates: Sequence[Candidate], games: Sequence[str], decoding: str = "free") -> list[dict]:
-    """Exact exploitability of each candidate's policy (sampled with `decoding`) in each small game."""
+def exploitabilities(candidates: Sequence[Candidate], games: Sequence[str], rollout: RolloutSettings) -> list[dict]:
+    """Exact exploitability of each candidate's policy in each small game, asked and decoded as
+    `rollout` asks and decodes it."""
     if not games:
         return []
     from selfplay.evaluation.exploitability import policy_exploitability
@@ -374,6 +375,8 @@ def exploitabilities(candidates: Sequence[Candidate], games: Sequence[str], deco
     for candidate in candidates:
         model, tokenizer = candidate.network()
         for game in games:
-            value = policy_exploitability(model, tokenizer, game, decoding=decoding)
+            value = policy_exploitability(
+                model, tokenizer, game, decoding=rollout.sampling.decoding, prompt=rollout.prompt
+            )
             rows.append({"candidate": candidate.name, "step": candidate.step, "game": game, "exploitability": value})
     return rows

@@ -28,6 +28,7 @@ from selfplay.evaluation.exploitability import (
     state_key,
     twin_env,
 )
+from selfplay.prompts import PromptStyle
 
 Probabilities = dict[str, dict[int, float]]  # state_key -> {OpenSpiel action: probability}
 
@@ -40,11 +41,13 @@ def perfect_information_twin(game: str) -> pyspiel.Game:
     return spiel_game
 
 
-def state_probabilities(model, tokenizer, game: str, batch_size: int = 64, decoding: str = "free") -> Probabilities:
+def state_probabilities(
+    model, tokenizer, game: str, batch_size: int = 64, decoding: str = "free", prompt: PromptStyle = "full"
+) -> Probabilities:
     """The model's move probabilities at every decision state of `game`, read as
     `selfplay.evaluation.exploitability.move_probabilities` reads them."""
     perfect_information_twin(game)
-    states = information_states(game, by_state=True)
+    states = information_states(game, by_state=True, prompt=prompt)
     return scored_states(states, model_scorer(model, tokenizer, batch_size, decoding))
 
 
@@ -113,11 +116,11 @@ def _ends_in_win(state: pyspiel.State, player: int) -> bool:
     return state.is_terminal() and state.returns()[player] > 0
 
 
-def exact_report(model, tokenizer, game: str, decoding: str = "free") -> dict:
+def exact_report(model, tokenizer, game: str, decoding: str = "free", prompt: PromptStyle = "full") -> dict:
     """Exact non-loss against random per seat, for the policy and for its greedy version, and the
     one-move tactics of the policy."""
     spiel_game = perfect_information_twin(game)
-    probabilities = state_probabilities(model, tokenizer, game, decoding=decoding)
+    probabilities = state_probabilities(model, tokenizer, game, decoding=decoding, prompt=prompt)
     report = {}
     for name, policy in (("sampled", probabilities), ("greedy", greedy(probabilities))):
         seats = non_loss_vs_random(spiel_game, policy)

@@ -3,7 +3,8 @@
 A `TextGame` holds one game's rules and state and knows nothing of PettingZoo or models.
 `TextGameEnv` turns any TextGame into a PettingZoo AEC environment that a language model can
 play: each observation carries prompt-ready text (the rules, the state as that player sees
-it, the legal moves and the answer format) beside a numeric tensor, and each action is the
+it, the legal moves and the answer format, and that player's view of the state alone) beside a
+numeric tensor, and each action is the
 model's raw output string, parsed by the environment. Output that names no legal move never
 raises: it is recorded in `infos` and handled by the game's `InvalidMovePolicy`.
 """
@@ -135,10 +136,10 @@ class TextGameEnv(AECEnv):
     """A PettingZoo AEC environment over a `TextGame`; actions are raw output strings.
 
     Observations are dicts: `observation` (the game's numeric tensor), `rules` (fixed for
-    the game) and `state` (this player's view, the legal moves when it is their turn, and
-    the answer instruction). A game that reaches `max_turns` valid moves ends as a draw
-    (every reward 0, agents truncated). `infos[agent]["invalid_moves"]` lists every invalid
-    output of that agent in the episode.
+    the game), `state` (this player's view, the legal moves when it is their turn, and
+    the answer instruction) and `view` (this player's view alone, `TextGame.describe`). A game
+    that reaches `max_turns` valid moves ends as a draw (every reward 0, agents truncated).
+    `infos[agent]["invalid_moves"]` lists every invalid output of that agent in the episode.
     """
 
     metadata = {"render_modes": ["human", "ansi"], "is_parallelizable": False}
@@ -168,6 +169,7 @@ class TextGameEnv(AECEnv):
                 "observation": gymnasium.spaces.Box(-np.inf, np.inf, shape=game.observation_shape, dtype=np.float32),
                 "rules": text,
                 "state": text,
+                "view": text,
             }
         )
         self.observation_spaces = {a: obs_space for a in self.possible_agents}
@@ -288,6 +290,7 @@ class TextGameEnv(AECEnv):
             "observation": np.asarray(self.game.observation_tensor(seat), dtype=np.float32),
             "rules": _printable(self.game.rules),
             "state": _printable(self.state_text(agent)),
+            "view": _printable(self.game.describe(seat)),
         }
 
     def state_text(self, agent: str) -> str:

@@ -16,8 +16,13 @@ from selfplay.games import InvalidMovePolicy, describe_games
 from selfplay.games.registry import ENTRY_POINT_GROUP
 from selfplay.legal_decoding import DECODINGS
 from selfplay.match import play_series
+from selfplay.prompts import PROMPT_STYLES
 
 DECODING_HELP = "free: the model writes any text; legal: only answers naming a legal move (default free)"
+PROMPT_HELP = (
+    "full: the rules, the state, the legal moves and the answer instruction; view: the state alone, "
+    "for a model trained with rollout.prompt=view (default full)"
+)
 
 
 def _cmd_play(args: argparse.Namespace) -> int:
@@ -33,6 +38,7 @@ def _cmd_play(args: argparse.Namespace) -> int:
             max_new_tokens=args.max_new_tokens, temperature=args.temperature, decoding=args.decoding
         ),
         observation_mode=args.observation_mode,
+        prompt=args.prompt,
         backend=args.backend,
         # A progress bar would interleave with a human player's prompts.
         progress=not args.no_progress and not any(spec.startswith("human") for spec in specs),
@@ -83,6 +89,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             sampling=SamplingSettings(
                 max_new_tokens=args.max_new_tokens, temperature=args.temperature, decoding=args.decoding
             ),
+            prompt=args.prompt,
             max_turns=args.max_turns,
         ),
         backend=args.backend,
@@ -108,7 +115,7 @@ def _cmd_league_show(args: argparse.Namespace) -> int:
     if args.meta:
         from selfplay.league.standings import league_meta_strategy
 
-        print("\n" + league_meta_strategy(args.run_dir, args.meta))
+        print("\n" + league_meta_strategy(args.run_dir, args.meta, config.rollout))
     return 0
 
 
@@ -177,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--temperature", type=float, default=1.0, help="model sampling temperature; 0 is greedy (default 1)"
     )
     play.add_argument("--decoding", choices=DECODINGS, default="free", help=DECODING_HELP)
+    play.add_argument("--prompt", choices=PROMPT_STYLES, default="full", help=PROMPT_HELP)
     play.add_argument(
         "--max-new-tokens", type=_positive_int, default=64, help="token limit per model turn (default 64)"
     )
@@ -234,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--backend", choices=BACKENDS, default="hf", help="generation backend (default hf)")
     evaluation.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1)")
     evaluation.add_argument("--decoding", choices=DECODINGS, default="free", help=DECODING_HELP)
+    evaluation.add_argument("--prompt", choices=PROMPT_STYLES, default="full", help=PROMPT_HELP)
     evaluation.add_argument("--max-new-tokens", type=_positive_int, default=32, help="tokens per turn (default 32)")
     evaluation.add_argument("--max-turns", type=_positive_int, default=50, help="turn cap per game (default 50)")
     evaluation.add_argument("--no-round-robin", action="store_true", help="skip the round robin between checkpoints")

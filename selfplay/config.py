@@ -24,6 +24,9 @@ class RolloutConfig:
     games_per_step: int = 64  # games played per training step
     concurrency: int = 256  # games in flight at once
     observation_mode: Literal["single_turn", "multi_turn"] = "single_turn"
+    # full: the rules, the state, the legal moves and the answer instruction; view: the state
+    # alone, for small models that learn the game from rewards (see selfplay.prompts)
+    prompt: Literal["full", "view"] = "full"
     max_turns: int = 50  # a game reaching this many moves is a truncated draw
     max_new_tokens: int = 32  # per turn; a response cut off here is an invalid move
     temperature: float = 1.0

@@ -37,7 +37,7 @@ MODEL_SHAPE = dict(
 )
 MAX_POSITIONS = 8192
 # Bumped whenever the recipe changes, so that a cached default model is rebuilt.
-DEFAULT_MODEL_VERSION = 6
+DEFAULT_MODEL_VERSION = 7
 BUILD_INFO = "selfplay_build.json"
 
 

@@ -18,7 +18,7 @@ from selfplay.backends import PolicyBackend, SamplingSettings, make_backend
 from selfplay.default_model import resolve_model
 from selfplay.errors import UserError
 from selfplay.games import InvalidMovePolicy, make_game
-from selfplay.prompts import ObservationMode
+from selfplay.prompts import ObservationMode, PromptStyle
 from selfplay.records import MatchResult
 from selfplay.rollouts import MatchSpec, Player, RolloutEngine, RolloutSettings
 
@@ -76,6 +76,7 @@ def play_series(
     max_turns: int = 50,
     sampling: SamplingSettings = SamplingSettings(),
     observation_mode: ObservationMode = "single_turn",
+    prompt: PromptStyle = "full",
     backend: str = "hf",
     concurrency: int = 256,
     progress: bool = True,
@@ -98,6 +99,7 @@ def play_series(
     settings = RolloutSettings(
         sampling=replace(sampling, seed=seed),
         observation_mode=observation_mode,
+        prompt=prompt,
         max_turns=max_turns,
         invalid_moves=invalid_moves,
         concurrency=concurrency,

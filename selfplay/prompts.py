@@ -9,18 +9,37 @@ Two observation modes, as in the systems we compare with:
 
 A tokenizer with a chat template renders the messages with it; one without gets a plain
 "role: content" transcript ending in "assistant:".
+
+Two prompt styles:
+
+- `full`: the rules as the system message; the state message holds the player's view, the
+  legal moves and the answer instruction. What a pretrained model needs to play from text.
+- `view`: the player's view of the state alone as the user message (`TextGame.describe`), no
+  rules, move list or instruction. For a small model trained from scratch, which learns the
+  game from rewards: context that never changes only slows its learning (a TicTacToe board
+  after 110 tokens of rules is learned far slower than the board alone; see
+  configs/tictactoe.yaml). With `decoding: legal` the model needs no answer instruction.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 ObservationMode = Literal["single_turn", "multi_turn"]
+PromptStyle = Literal["full", "view"]
+PROMPT_STYLES: tuple[str, ...] = get_args(PromptStyle)
 Message = dict[str, str]
 
 
-def opening_messages(observation: dict) -> list[Message]:
-    return [{"role": "system", "content": observation["rules"]}, {"role": "user", "content": observation["state"]}]
+def opening_messages(observation: dict, style: PromptStyle = "full") -> list[Message]:
+    """The first messages of a player's chat: the rules (in the full style) and the state."""
+    rules = [{"role": "system", "content": observation["rules"]}] if style == "full" else []
+    return [*rules, state_message(observation, style)]
+
+
+def state_message(observation: dict, style: PromptStyle = "full") -> Message:
+    """The user message showing the current state, as each later turn of a multi-turn chat adds it."""
+    return {"role": "user", "content": observation["state" if style == "full" else "view"]}
 
 
 def plain_prompt(messages: list[Message]) -> str:

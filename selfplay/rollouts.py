@@ -29,7 +29,7 @@ from selfplay.backends import Generation, PolicyBackend, SamplingSettings
 from selfplay.errors import UserError
 from selfplay.games import InvalidMovePolicy, TextGameEnv, UnfinishedOutput, make_env
 from selfplay.legal_decoding import Choices, answer_choices
-from selfplay.prompts import Message, ObservationMode, batch_prompt_ids, opening_messages
+from selfplay.prompts import Message, ObservationMode, PromptStyle, batch_prompt_ids, opening_messages, state_message
 from selfplay.records import MatchResult, Trajectory, Turn
 
 Player = PolicyBackend | str  # a model policy, or a scripted agent spec
@@ -48,6 +48,7 @@ class MatchSpec:
 class RolloutSettings:
     sampling: SamplingSettings = SamplingSettings()
     observation_mode: ObservationMode = "single_turn"
+    prompt: PromptStyle = "full"
     max_turns: int = 50
     invalid_moves: InvalidMovePolicy = InvalidMovePolicy()
     concurrency: int = 256  # games in flight at once
@@ -158,8 +159,8 @@ class RolloutEngine:
         observation = game.env.observe(game.env.possible_agents[seat])
         chat = game.chats[seat]
         if self.settings.observation_mode == "single_turn" or not chat:
-            return opening_messages(observation)
-        return [*chat, {"role": "user", "content": observation["state"]}]
+            return opening_messages(observation, self.settings.prompt)
+        return [*chat, state_message(observation, self.settings.prompt)]
 
     def _render_prompts(self, games: list[_LiveGame]) -> None:
         """The next prompt of each game, which waits on a model: one tokenizer call per policy."""

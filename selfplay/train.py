@@ -247,6 +247,7 @@ class Trainer:
                 decoding=rollout.decoding,
             ),
             observation_mode=rollout.observation_mode,
+            prompt=rollout.prompt,
             max_turns=rollout.max_turns,
             invalid_moves=InvalidMovePolicy(
                 retries=rollout.retries,
@@ -525,7 +526,11 @@ class Trainer:
         for game in (g for g in self.eval_pairings if g in SUPPORTED_GAMES):
             with self.learner.scoring_model() as model:
                 metrics[f"eval/{game}/exploitability"] = policy_exploitability(
-                    model, self.learner.tokenizer, game, decoding=self.config.rollout.decoding
+                    model,
+                    self.learner.tokenizer,
+                    game,
+                    decoding=self.config.rollout.decoding,
+                    prompt=self.config.rollout.prompt,
                 )
         metrics["time/eval_s"] = time.perf_counter() - started
         return metrics

@@ -3,7 +3,7 @@
 Reinforcement learning from a pretrained base model starts from a policy that already writes
 well-formed answers. The default model is built from scratch, so it gets there here: it is
 fine-tuned to imitate a *random legal* player of every native game, in both observation
-modes, so that it writes `\\boxed{move}` with a legal move and then stops, while its choice
+modes and both prompt styles, so that it writes `\\boxed{move}` with a legal move and then stops, while its choice
 among the legal moves stays broad. Learning which legal move is a good one is left to RL.
 
 The random player is *tilted*: in each state it prefers some legal moves to others, by random
@@ -30,11 +30,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from selfplay.default_model import BUILD_INFO, DEFAULT_MODEL_VERSION, build_untrained
-from selfplay.prompts import Message, ObservationMode, batch_prompt_ids, opening_messages, prompt_ids
+from selfplay.prompts import (
+    PROMPT_STYLES,
+    Message,
+    ObservationMode,
+    PromptStyle,
+    batch_prompt_ids,
+    opening_messages,
+    prompt_ids,
+    state_message,
+)
 
 EOS_TOKEN = "<|im_end|>"
 # Share of multi-turn examples: a chat holds every state a player saw and every move it made.
 MULTI_TURN_SHARE = 0.125
+# Share of examples in the view prompt style (the state alone). They are short, so they take
+# about a sixth of the build's tokens.
+VIEW_SHARE = 0.5
 # Longer multi-turn chats fall back to a single-turn prompt (training cost grows with length).
 MAX_PROMPT_TOKENS = 768
 # The build settings of the default model: about twelve minutes on two CPU cores.
@@ -72,6 +84,7 @@ class Decision:
 
     game: str
     mode: ObservationMode
+    style: PromptStyle
     messages: list[Message]  # ends with the user message holding the current state
     move: str
     answer: str  # the move in the game's answer format, e.g. "\\boxed{4}"
@@ -97,12 +110,14 @@ def random_legal_play(
     games: Sequence[str] | None = None,
     multi_turn_share: float = MULTI_TURN_SHARE,
     tilt: float = TILT,
+    view_share: float = VIEW_SHARE,
 ) -> Iterator[Decision]:
     """Endless decisions of tilted random legal players (`tilted_probs` with `tilt`), cycling through
     `games` (every native game by default) one move at a time so each game gets an equal share.
 
-    Each player's chat is kept for the whole episode; a decision is shown as a multi-turn chat
-    with probability `multi_turn_share` (when the player has moved before), else single-turn.
+    Each player's chat is kept for the whole episode, in each prompt style; a decision is shown
+    in the view style with probability `view_share`, else the full style, and as a multi-turn
+    chat with probability `multi_turn_share` (when the player has moved before), else single-turn.
     """
     from selfplay.games import make_env
     from selfplay.games.registry import NATIVE_GAMES
@@ -115,7 +130,7 @@ def random_legal_play(
     def new_episode(name: str) -> None:
         env = envs[name]
         env.reset(seed=rng.randrange(2**31))
-        chats[name] = {agent: [] for agent in env.possible_agents}
+        chats[name] = {agent: {style: [] for style in PROMPT_STYLES} for agent in env.possible_agents}
 
     for name in names:
         new_episode(name)
@@ -124,21 +139,24 @@ def random_legal_play(
             env = envs[name]
             agent = env.agent_selection
             observation = env.observe(agent)
-            chat = chats[name][agent]
-            multi = bool(chat) and rng.random() < multi_turn_share
-            if chat:
-                chat.append({"role": "user", "content": observation["state"]})
-            else:
-                chat.extend(opening_messages(observation))
+            player_chats = chats[name][agent]
+            style = "view" if rng.random() < view_share else "full"
+            multi = bool(player_chats[style]) and rng.random() < multi_turn_share
+            for chat_style, chat in player_chats.items():
+                if chat:
+                    chat.append(state_message(observation, chat_style))
+                else:
+                    chat.extend(opening_messages(observation, chat_style))
             legal = tuple(env.legal_moves())
             probs = tuple(tilted_probs(observation["state"], len(legal), seed, tilt))
             move = rng.choices(legal, weights=probs)[0]
             answer = env.answer(move)
-            messages = list(chat) if multi else opening_messages(observation)
+            messages = list(player_chats[style]) if multi else opening_messages(observation, style)
             answers = tuple(env.answer(m) for m in legal)
             mode = "multi_turn" if multi else "single_turn"
-            yield Decision(name, mode, messages, move, answer, legal, answers, probs)
-            chat.append({"role": "assistant", "content": answer})
+            yield Decision(name, mode, style, messages, move, answer, legal, answers, probs)
+            for chat in player_chats.values():
+                chat.append({"role": "assistant", "content": answer})
             env.step(answer)
             if env.end_reason is not None:
                 new_episode(name)
@@ -147,7 +165,8 @@ def random_legal_play(
 def _encode(decision: Decision, tokenizer, eos: int, max_prompt_tokens: int) -> tuple[list[int], list[int]]:
     prompt = prompt_ids(tokenizer, decision.messages)
     if len(prompt) > max_prompt_tokens and decision.mode == "multi_turn":
-        prompt = prompt_ids(tokenizer, [decision.messages[0], decision.messages[-1]])
+        rules = [m for m in decision.messages[:1] if m["role"] == "system"]
+        prompt = prompt_ids(tokenizer, [*rules, decision.messages[-1]])
     response = tokenizer(decision.answer, add_special_tokens=False)["input_ids"] + [eos]
     return prompt, response
 
@@ -359,6 +378,7 @@ def build_default_model(
             "version": DEFAULT_MODEL_VERSION,
             "recipe": "build_untrained + warm_start on tilted random legal play",
             "tilt": TILT,
+            "view_share": VIEW_SHARE,
             "steps": steps,
             "batch_size": batch_size,
             "lr": lr,
@@ -398,13 +418,16 @@ def random_positions(game: str, n: int, seed: int = 0) -> Iterator:
         yield env
 
 
-def sample_moves(backend, game: str, n: int = 200, seed: int = 0, temperature: float = 1.0) -> list[str | None]:
+def sample_moves(
+    backend, game: str, n: int = 200, seed: int = 0, temperature: float = 1.0, prompt: PromptStyle = "full"
+) -> list[str | None]:
     """The move a policy backend names at each of `n` random positions of `game` (single-turn
-    prompts, at most 16 new tokens); None where its output names no legal move."""
+    prompts in style `prompt`, at most 16 new tokens); None where its output names no legal move."""
     from selfplay.backends import SamplingSettings
 
     envs = list(random_positions(game, n, seed))
-    prompts = batch_prompt_ids(backend.tokenizer, [opening_messages(env.observe(env.agent_selection)) for env in envs])
+    conversations = [opening_messages(env.observe(env.agent_selection), prompt) for env in envs]
+    prompts = batch_prompt_ids(backend.tokenizer, conversations)
     generations = backend.generate(prompts, SamplingSettings(max_new_tokens=16, temperature=temperature, seed=seed))
     return [env.parse(g.text) if g.finish_reason == "stop" else None for env, g in zip(envs, generations)]
 
@@ -425,15 +448,17 @@ def move_spread(moves: Sequence[str | None]) -> dict:
 
 
 def report(model_dir: str | Path, n: int = 200, seed: int = 0, games: Sequence[str] | None = None) -> dict:
-    """Legal-move rate and move spread of the model in `model_dir` on every native game."""
+    """Legal-move rate and move spread of the model in `model_dir` on every native game, in each
+    prompt style."""
     from selfplay.backends.hf_backend import HFBackend
     from selfplay.games.registry import NATIVE_GAMES
 
     backend = HFBackend(str(model_dir))
     rows = {}
     for game in games or NATIVE_GAMES:
-        moves = sample_moves(backend, game, n, seed)
-        rows[game] = {"legal": sum(m is not None for m in moves) / n, **move_spread(moves)}
+        for style in PROMPT_STYLES:
+            moves = sample_moves(backend, game, n, seed, prompt=style)
+            rows[f"{game}/{style}"] = {"legal": sum(m is not None for m in moves) / n, **move_spread(moves)}
     return rows
 
 

@@ -42,6 +42,7 @@ def test_defaults_overrides_and_nested_sections(tmp_path):
         ("learner=3", "'learner' must be a section"),
         ("learner.lr.x=3", "Bad value for 'learner.lr'"),
         ("nonsense", "must look like key=value"),
+        ("rollout.prompt=short", "Bad value for 'rollout.prompt'"),
     ],
 )
 def test_bad_keys_and_values_are_named(override, message):

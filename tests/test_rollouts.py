@@ -143,3 +143,21 @@ def test_truncated_responses_are_invalid_moves(hf_backend, tokenizer):
 def test_mixed_batch_with_a_real_backend_is_well_formed_and_reproducible(hf_backend, tokenizer):
     matches, players, settings, first = play_mixed_batch(hf_backend, tokenizer)
     assert list(RolloutEngine(players, settings).run(matches)) == first
+
+
+@pytest.mark.parametrize("observation_mode", ["single_turn", "multi_turn"])
+def test_view_prompts_show_the_players_view_alone(tokenizer, observation_mode):
+    policy = LegalMoveBackend(tokenizer)
+    matches = [MatchSpec("tictactoe", ("policy", "policy"), seed=s) for s in range(4)]
+    settings = RolloutSettings(
+        sampling=SamplingSettings(decoding="legal"), observation_mode=observation_mode, prompt="view"
+    )
+    for trajectory in RolloutEngine({"policy": policy}, settings).run(matches):
+        assert trajectory.result.end_reason == "game_over"
+        for index, turn in enumerate(trajectory.turns):
+            prompt = tokenizer.decode(turn.prompt_ids)
+            assert prompt.startswith(f"<|im_start|>user\nYou play {'XO'[turn.seat]}. The board")
+            assert "system" not in prompt and "Legal moves" not in prompt and "boxed" not in prompt.split("\n")[0]
+            own_turns_so_far = index // 2 + 1
+            expected = own_turns_so_far if observation_mode == "multi_turn" else 1
+            assert prompt.count("<|im_start|>user") == expected

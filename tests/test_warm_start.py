@@ -14,6 +14,7 @@ from selfplay.backends.hf_backend import HFBackend  # noqa: E402
 from selfplay.default_model import build_untrained  # noqa: E402
 from selfplay.games import make_env, make_game  # noqa: E402
 from selfplay.games.registry import NATIVE_GAMES  # noqa: E402
+from selfplay.prompts import PROMPT_STYLES  # noqa: E402
 from selfplay.warm_start import (  # noqa: E402
     EOS_TOKEN,
     legal_move_rate,
@@ -37,34 +38,38 @@ def tokenizer(untrained):
     return transformers.AutoTokenizer.from_pretrained(untrained)
 
 
-def test_examples_are_well_formed_in_both_modes(tokenizer):
+def test_examples_are_well_formed_in_both_modes_and_styles(tokenizer):
     eos = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     decisions = random_legal_play(seed=3, multi_turn_share=0.5)
     examples = legal_play_examples(3, tokenizer, multi_turn_share=0.5, max_prompt_tokens=4096)
     seen = set()
     formats = {name: make_game(name).answer_format for name in NATIVE_GAMES}
     for decision, (prompt, response) in itertools.islice(zip(decisions, examples), 300):
-        seen.add((decision.game, decision.mode))
+        seen.add((decision.game, decision.mode, decision.style))
         assert response[-1] == eos and eos not in response[:-1]
         answer_format = formats[decision.game]
         assert tokenizer.decode(response[:-1]) == decision.answer == answer_format.wrap(decision.move)
         assert decision.move in decision.legal_moves
         text = tokenizer.decode(prompt)
         assert text.endswith(ASSISTANT_CUE)
-        assert text.startswith("<|im_start|>system\n" + decision.messages[0]["content"])
+        opening = "system" if decision.style == "full" else "user"
+        assert text.startswith(f"<|im_start|>{opening}\n" + decision.messages[0]["content"])
         assert text.endswith(decision.messages[-1]["content"] + "<|im_end|>\n" + ASSISTANT_CUE)
         replies = [m for m in decision.messages if m["role"] == "assistant"]
         assert text.count(ASSISTANT_CUE) == len(replies) + 1
         if decision.mode == "single_turn":
-            assert [m["role"] for m in decision.messages] == ["system", "user"]
+            assert [m["role"] for m in decision.messages] == (["system", "user"] if opening == "system" else ["user"])
         else:
             assert replies and [m["role"] for m in decision.messages[-2:]] == ["assistant", "user"]
             assert all(answer_format.extract(m["content"]) for m in replies)
         listed = re.findall(r"Legal moves: (.*)", decision.messages[-1]["content"])
         if listed:
             assert decision.move in listed[-1].split(", ")
-    assert {game for game, _ in seen} == set(NATIVE_GAMES)
-    assert {mode for _, mode in seen} == {"single_turn", "multi_turn"}
+        if decision.style == "view":
+            assert all("Legal moves" not in m["content"] for m in decision.messages)
+    assert {game for game, _, _ in seen} == set(NATIVE_GAMES)
+    modes_and_styles = itertools.product(("single_turn", "multi_turn"), PROMPT_STYLES)
+    assert {(mode, style) for _, mode, style in seen} == set(modes_and_styles)
 
 
 def test_a_digit_is_one_token_wherever_it_stands(tokenizer):
@@ -109,7 +114,7 @@ def test_the_random_player_prefers_moves_by_state():
     decisions = itertools.islice(random_legal_play(seed=0, games=["kuhn_poker"]), 600)
     bets = {}
     for d in decisions:
-        if d.legal_moves == ("check", "bet") and d.messages[-1]["content"].count("checked") == 0:
+        if d.style == "full" and d.legal_moves == ("check", "bet") and d.messages[-1]["content"].count("checked") == 0:
             bets.setdefault(d.messages[-1]["content"], []).append(d.move == "bet")
     openings = [sum(v) / len(v) for v in bets.values()]
     assert len(openings) == 3 and max(openings) - min(openings) > 0.2
@@ -120,7 +125,17 @@ def test_the_random_player_prefers_moves_by_state():
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_warm_start_lowers_the_loss_and_saves_a_loadable_model(untrained, tmp_path, precision):
     out = tmp_path / "warm"
-    result = warm_start(untrained, out, steps=24, batch_size=4, lr=3e-3, seed=0, precision=precision, progress=False)
+    result = warm_start(
+        untrained,
+        out,
+        steps=24,
+        batch_size=4,
+        lr=3e-3,
+        seed=0,
+        games={"kuhn_poker": 1.0},
+        precision=precision,
+        progress=False,
+    )
     losses = result["losses"]
     assert len(losses) == 24
     assert sum(losses[-4:]) / 4 < 0.5 * sum(losses[:4]) / 4

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,6 +21,9 @@ from selfplay.evaluation.ratings import fit_elo
 from selfplay.league.payoff import PayoffTable, pairwise_outcomes
 from selfplay.league.records import LEARNING_KINDS, LeagueMatch, LeaguePlayer
 from selfplay.league.store import LEAGUE_FILE, LeagueStore
+
+if TYPE_CHECKING:
+    from selfplay.config import RolloutConfig
 
 
 @dataclass(frozen=True)
@@ -208,11 +212,11 @@ def _csv(path: Path, rows: list[dict]) -> None:
             writer.writerows(rows)
 
 
-def league_meta_strategy(run_dir: str | Path, game: str) -> str:
+def league_meta_strategy(run_dir: str | Path, game: str, rollout: RolloutConfig) -> str:
     """The meta-strategy report: the Nash mixture over the league's active snapshots and the
     main player's latest checkpoint in `game` (exact payoffs between their policies, each read
-    from the model by the exploitability probe), with the exploitability of the mixture and of
-    each policy alone."""
+    from the model by the exploitability probe, asked and decoded as the run's `rollout` settings
+    ask and decode it), with the exploitability of the mixture and of each policy alone."""
     from selfplay.checkpoint import latest_checkpoint
     from selfplay.evaluation.evaluate import find_candidates
     from selfplay.evaluation.exploitability import move_probabilities
@@ -223,7 +227,9 @@ def league_meta_strategy(run_dir: str | Path, game: str) -> str:
     policies = {}
     for candidate in find_candidates([*snapshots, str(latest_checkpoint(run_dir))]):
         model, tokenizer = candidate.network()
-        policies[candidate.name] = move_probabilities(model, tokenizer, game)
+        policies[candidate.name] = move_probabilities(
+            model, tokenizer, game, decoding=rollout.decoding, prompt=rollout.prompt
+        )
     meta = meta_strategy(game, policies)
     body = [(name, f"{w:.3f}", f"{e:.4f}") for name, w, e in zip(meta.names, meta.weights, meta.exploitabilities)]
     body.append(("Nash mixture", "", f"{meta.exploitability:.4f}"))
