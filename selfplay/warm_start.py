@@ -3,8 +3,9 @@
 Reinforcement learning from a pretrained base model starts from a policy that already writes
 well-formed answers. The default model is built from scratch, so it gets there here: it is
 fine-tuned to imitate a *random legal* player of every native game, in both observation
-modes and both prompt styles, so that it writes `\\boxed{move}` with a legal move and then stops, while its choice
-among the legal moves stays broad. Learning which legal move is a good one is left to RL.
+modes and both prompt styles, so that it writes `\\boxed{move}` with a legal move and then
+stops, while its choice among the legal moves stays broad. Learning which legal move is a
+good one is left to RL.
 
 The random player is *tilted*: in each state it prefers some legal moves to others, by random
 preferences drawn from the text of that state. A uniform player's moves do not depend on what
@@ -45,7 +46,7 @@ EOS_TOKEN = "<|im_end|>"
 # Share of multi-turn examples: a chat holds every state a player saw and every move it made.
 MULTI_TURN_SHARE = 0.125
 # Share of examples in the view prompt style (the state alone). They are short, so they take
-# about a sixth of the build's tokens.
+# about a quarter of the build's tokens (from 17% in Kuhn Poker to 34% in Connect Four).
 VIEW_SHARE = 0.5
 # Longer multi-turn chats fall back to a single-turn prompt (training cost grows with length).
 MAX_PROMPT_TOKENS = 768
