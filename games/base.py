@@ -4,9 +4,9 @@ A `TextGame` holds one game's rules and state and knows nothing of PettingZoo or
 `TextGameEnv` turns any TextGame into a PettingZoo AEC environment that a language model can
 play: each observation carries prompt-ready text (the rules, the state as that player sees
 it, the legal moves and the answer format, and that player's view of the state alone) beside a
-numeric tensor, and each action is the
-model's raw output string, parsed by the environment. Output that names no legal move never
-raises: it is recorded in `infos` and handled by the game's `InvalidMovePolicy`.
+numeric tensor, and each action is the model's raw output string, parsed by the environment.
+Output that names no legal move never raises: it is recorded in `infos` and handled by the
+game's `InvalidMovePolicy`.
 """
 
 from __future__ import annotations
