@@ -25,22 +25,25 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from selfplay.backends import SamplingSettings
 from selfplay.checkpoint import latest_checkpoint
 from selfplay.config import RolloutConfig, load_config
 from selfplay.default_model import resolve_model
 from selfplay.evaluation.exact_play import exact_report
 from selfplay.evaluation.exploitability import exploitability_of, move_probabilities
 from selfplay.match import play_series
-from selfplay.train import Trainer
+from selfplay.train import Trainer, rollout_settings
 
 
 def non_loss_vs_random(model_dir: str, game: str, episodes: int, seed: int, rollout: RolloutConfig) -> dict:
-    sampling = SamplingSettings(
-        max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature, decoding=rollout.decoding
-    )
+    settings = rollout_settings(rollout)
     results = play_series(
-        game, [f"model:{model_dir}", "random"], episodes, seed, sampling=sampling, prompt=rollout.prompt, progress=False
+        game,
+        [f"model:{model_dir}", "random"],
+        episodes,
+        seed,
+        sampling=settings.sampling,
+        prompt=settings.prompt,
+        progress=False,
     )
     figures = {}
     for seat in (0, 1):

@@ -32,7 +32,7 @@ from selfplay.advantages import advantage_stats, estimate
 from selfplay.agents import make_agent
 from selfplay.backends import PRECISIONS, PolicyBackend, SamplingSettings, make_backend
 from selfplay.checkpoint import checkpoint_step, latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
-from selfplay.config import TrainConfig, config_to_dict, load_config
+from selfplay.config import RolloutConfig, TrainConfig, config_to_dict, load_config
 from selfplay.default_model import resolve_model
 from selfplay.errors import UserError
 from selfplay.evaluation.evaluate import plan_pairings, play_opponents
@@ -149,6 +149,27 @@ def eval_pairings(config: TrainConfig) -> dict[str, list[str]]:
     return pairings
 
 
+def rollout_settings(rollout: RolloutConfig) -> RolloutSettings:
+    """How the rollout engine samples, asks and referees games under the config's `rollout`."""
+    return RolloutSettings(
+        sampling=SamplingSettings(
+            max_new_tokens=rollout.max_new_tokens,
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            decoding=rollout.decoding,
+        ),
+        observation_mode=rollout.observation_mode,
+        prompt=rollout.prompt,
+        max_turns=rollout.max_turns,
+        invalid_moves=InvalidMovePolicy(
+            retries=rollout.retries,
+            penalty=rollout.invalid_penalty,
+            opponent_reward=rollout.invalid_opponent_reward,
+        ),
+        concurrency=rollout.concurrency,
+    )
+
+
 def step_matches(config: TrainConfig, step: int) -> list[MatchSpec]:
     """The step's games without a league: game and opponent drawn by weight, the main
     player's seat alternating, each game start played `group_size` times."""
@@ -238,24 +259,7 @@ class Trainer:
 
         # purge_step drops anything a killed run logged after its last checkpoint.
         self.writer = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=self.step + 1)
-        rollout = config.rollout
-        self.rollout_settings = RolloutSettings(
-            sampling=SamplingSettings(
-                max_new_tokens=rollout.max_new_tokens,
-                temperature=rollout.temperature,
-                top_p=rollout.top_p,
-                decoding=rollout.decoding,
-            ),
-            observation_mode=rollout.observation_mode,
-            prompt=rollout.prompt,
-            max_turns=rollout.max_turns,
-            invalid_moves=InvalidMovePolicy(
-                retries=rollout.retries,
-                penalty=rollout.invalid_penalty,
-                opponent_reward=rollout.invalid_opponent_reward,
-            ),
-            concurrency=rollout.concurrency,
-        )
+        self.rollout_settings = rollout_settings(config.rollout)
 
     @property
     def learner(self) -> Learner:
