@@ -376,7 +376,12 @@ def exploitabilities(candidates: Sequence[Candidate], games: Sequence[str], roll
         model, tokenizer = candidate.network()
         for game in games:
             value = policy_exploitability(
-                model, tokenizer, game, decoding=rollout.sampling.decoding, prompt=rollout.prompt
+                model,
+                tokenizer,
+                game,
+                decoding=rollout.sampling.decoding,
+                prompt=rollout.prompt,
+                temperature=rollout.sampling.temperature,
             )
             rows.append({"candidate": candidate.name, "step": candidate.step, "game": game, "exploitability": value})
     return rows

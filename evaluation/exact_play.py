@@ -41,14 +41,12 @@ def perfect_information_twin(game: str) -> pyspiel.Game:
     return spiel_game
 
 
-def state_probabilities(
-    model, tokenizer, game: str, batch_size: int = 64, decoding: str = "free", prompt: PromptStyle = "full"
-) -> Probabilities:
+def state_probabilities(model, tokenizer, game: str, prompt: PromptStyle = "full", **scoring) -> Probabilities:
     """The model's move probabilities at every decision state of `game`, read as
     `selfplay.evaluation.exploitability.move_probabilities` reads them."""
     perfect_information_twin(game)
     states = information_states(game, by_state=True, prompt=prompt)
-    return scored_states(states, model_scorer(model, tokenizer, batch_size, decoding))
+    return scored_states(states, model_scorer(model, tokenizer, **scoring))
 
 
 def greedy(probabilities: Probabilities) -> Probabilities:
@@ -116,11 +114,11 @@ def _ends_in_win(state: pyspiel.State, player: int) -> bool:
     return state.is_terminal() and state.returns()[player] > 0
 
 
-def exact_report(model, tokenizer, game: str, decoding: str = "free", prompt: PromptStyle = "full") -> dict:
+def exact_report(model, tokenizer, game: str, prompt: PromptStyle = "full", **scoring) -> dict:
     """Exact non-loss against random per seat, for the policy and for its greedy version, and the
     one-move tactics of the policy."""
     spiel_game = perfect_information_twin(game)
-    probabilities = state_probabilities(model, tokenizer, game, decoding=decoding, prompt=prompt)
+    probabilities = state_probabilities(model, tokenizer, game, prompt, **scoring)
     report = {}
     for name, policy in (("sampled", probabilities), ("greedy", greedy(probabilities))):
         seats = non_loss_vs_random(spiel_game, policy)

@@ -535,6 +535,7 @@ class Trainer:
                     game,
                     decoding=self.config.rollout.decoding,
                     prompt=self.config.rollout.prompt,
+                    temperature=self.config.rollout.temperature,
                 )
         metrics["time/eval_s"] = time.perf_counter() - started
         return metrics
