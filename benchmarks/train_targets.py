@@ -68,7 +68,7 @@ def load(model_dir: str):
 def measure(model_dir: str, games: list[str], episodes: int, seed: int, rollout: RolloutConfig) -> dict:
     """The figures of the model in `model_dir`, asked and decoded as `rollout` says."""
     figures = {}
-    asked = {"decoding": rollout.decoding, "prompt": rollout.prompt, "temperature": rollout.temperature}
+    asked = rollout.probe_settings()
     for game in games:
         if game == "kuhn_poker":
             probabilities = move_probabilities(*load(model_dir), game, **asked)

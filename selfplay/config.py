@@ -36,6 +36,11 @@ class RolloutConfig:
     invalid_penalty: float = -1.5  # SPIRAL's training values
     invalid_opponent_reward: float = 0.5
 
+    def probe_settings(self) -> dict:
+        """How the exact probes (`move_probabilities`, `exact_report`) ask the model and read its
+        answers: as these rollouts ask it and sample them."""
+        return {"decoding": self.decoding, "prompt": self.prompt, "temperature": self.temperature}
+
 
 @dataclass(frozen=True)
 class AdvantageConfig:

@@ -530,12 +530,7 @@ class Trainer:
         for game in (g for g in self.eval_pairings if g in SUPPORTED_GAMES):
             with self.learner.scoring_model() as model:
                 metrics[f"eval/{game}/exploitability"] = policy_exploitability(
-                    model,
-                    self.learner.tokenizer,
-                    game,
-                    decoding=self.config.rollout.decoding,
-                    prompt=self.config.rollout.prompt,
-                    temperature=self.config.rollout.temperature,
+                    model, self.learner.tokenizer, game, **self.config.rollout.probe_settings()
                 )
         metrics["time/eval_s"] = time.perf_counter() - started
         return metrics

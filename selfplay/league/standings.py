@@ -227,9 +227,7 @@ def league_meta_strategy(run_dir: str | Path, game: str, rollout: RolloutConfig)
     policies = {}
     for candidate in find_candidates([*snapshots, str(latest_checkpoint(run_dir))]):
         model, tokenizer = candidate.network()
-        policies[candidate.name] = move_probabilities(
-            model, tokenizer, game, decoding=rollout.decoding, prompt=rollout.prompt, temperature=rollout.temperature
-        )
+        policies[candidate.name] = move_probabilities(model, tokenizer, game, **rollout.probe_settings())
     meta = meta_strategy(game, policies)
     body = [(name, f"{w:.3f}", f"{e:.4f}") for name, w, e in zip(meta.names, meta.weights, meta.exploitabilities)]
     body.append(("Nash mixture", "", f"{meta.exploitability:.4f}"))
