@@ -4,7 +4,8 @@ policy before and after:
 - tictactoe: the non-loss rate (wins + draws) against `random`, in each seat: from games played
   at the config's temperature, and exactly (`selfplay.evaluation.exact_play`, from the
   probabilities the model gives each legal move on every board) for the policy as trained and
-  for its most probable move, with how often it takes a win or stops a loss one move away;
+  for its most probable move, with each seat's losses by cause (a missed win, a missed block,
+  or neither) and how often it takes a win or stops a loss one move away;
 - kuhn_poker: exact exploitability of the model's policy (OpenSpiel, from the probabilities
   the model gives each legal move at every information state; uniform play is 0.458), and its
   probability of betting or calling at each of them.

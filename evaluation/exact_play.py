@@ -12,6 +12,9 @@ The tactics read the state directly, which a win rate does not:
 - stops_loss: where no move wins at once, some moves leave the opponent a win at once and some
   do not, the probability of a move that does not.
 A policy that ignores the board scores on both about what a uniformly random legal move does.
+Each seat's losses against random are split by what its last move faced (`losses_vs_random`):
+a win it missed, a threat it could have stopped, or neither, which tells a policy that has not
+learned to block from one that loses to forks set up earlier.
 """
 
 from __future__ import annotations
@@ -57,24 +60,52 @@ def greedy(probabilities: Probabilities) -> Probabilities:
 def non_loss_vs_random(spiel_game: pyspiel.Game, probabilities: Probabilities) -> list[float]:
     """For each seat, the exact probability that the policy does not lose against an opponent
     that picks uniformly among its legal moves."""
-    values: dict[tuple[str, int], float] = {}
+    return _non_loss(losses_vs_random(spiel_game, probabilities))
 
-    def value(state: pyspiel.State, seat: int) -> float:
+
+def _non_loss(losses: list[dict[str, float]]) -> list[float]:
+    return [1.0 - sum(causes.values()) for causes in losses]
+
+
+LOSS_CAUSES = ("missed_win", "missed_block", "unstoppable")
+_CAUSE_OF_TACTIC = {"takes_win": 0, "stops_loss": 1}  # `tactical_moves`' kinds, as LOSS_CAUSES indices
+_UNSTOPPABLE = LOSS_CAUSES.index("unstoppable")
+
+
+def losses_vs_random(spiel_game: pyspiel.Game, probabilities: Probabilities) -> list[dict[str, float]]:
+    """For each seat, the exact probability of losing against a uniformly random opponent, split
+    by what the seat faced at its last move before the loss (`tactical_moves`): `missed_win`, a
+    move won at once; `missed_block`, some moves left the opponent no win at once; `unstoppable`,
+    otherwise (no move did, as against a fork, or the loss lay further ahead)."""
+    values: dict[tuple[str, int, int], np.ndarray] = {}
+
+    def losses(state: pyspiel.State, seat: int, cause: int) -> np.ndarray:
         if state.is_terminal():
-            return float(state.returns()[seat] >= 0)
-        known = (state_key(state), seat)
+            lost = np.zeros(len(LOSS_CAUSES))
+            lost[cause] = float(state.returns()[seat] < 0)
+            return lost
+        known = (state_key(state), seat, cause)
         if known not in values:
             if state.is_chance_node():
                 moves = state.chance_outcomes()
             elif state.current_player() == seat:
                 moves = probabilities[known[0]].items()
+                tactic = tactical_moves(state)
+                cause = _CAUSE_OF_TACTIC[tactic[0]] if tactic else _UNSTOPPABLE
             else:
                 legal = state.legal_actions()
                 moves = [(action, 1.0 / len(legal)) for action in legal]
-            values[known] = sum(p * value(state.child(action), seat) for action, p in moves if p > 0)
+            values[known] = sum(
+                (p * losses(state.child(action), seat, cause) for action, p in moves if p > 0),
+                np.zeros(len(LOSS_CAUSES)),
+            )
         return values[known]
 
-    return [value(spiel_game.new_initial_state(), seat) for seat in range(spiel_game.num_players())]
+    # A loss before the seat's first move is one it could not stop.
+    return [
+        dict(zip(LOSS_CAUSES, losses(spiel_game.new_initial_state(), seat, _UNSTOPPABLE).tolist()))
+        for seat in range(spiel_game.num_players())
+    ]
 
 
 def tactical_moves(state: pyspiel.State) -> tuple[str, set[int]] | None:
@@ -115,13 +146,15 @@ def _ends_in_win(state: pyspiel.State, player: int) -> bool:
 
 
 def exact_report(model, tokenizer, game: str, prompt: PromptStyle = "full", **scoring) -> dict:
-    """Exact non-loss against random per seat, for the policy and for its greedy version, and the
-    one-move tactics of the policy."""
+    """Exact non-loss against random per seat, for the policy and for its greedy version, with
+    each seat's losses by cause (`losses_vs_random`), and the one-move tactics of the policy."""
     spiel_game = perfect_information_twin(game)
     probabilities = state_probabilities(model, tokenizer, game, prompt, **scoring)
     report = {}
     for name, policy in (("sampled", probabilities), ("greedy", greedy(probabilities))):
-        seats = non_loss_vs_random(spiel_game, policy)
+        losses = losses_vs_random(spiel_game, policy)
+        seats = _non_loss(losses)
         report[name] = {"seat_0": seats[0], "seat_1": seats[1], "non_loss": float(np.mean(seats))}
+        report[name].update({f"losses_seat_{seat}": causes for seat, causes in enumerate(losses)})
     report["tactics"] = one_move_tactics(spiel_game, probabilities)
     return report

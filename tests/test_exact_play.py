@@ -12,6 +12,7 @@ import pytest
 from selfplay.errors import UserError
 from selfplay.evaluation.exact_play import (
     greedy,
+    losses_vs_random,
     non_loss_vs_random,
     one_move_tactics,
     state_probabilities,
@@ -127,3 +128,30 @@ def test_exact_non_loss_matches_simulated_games_of_a_non_uniform_policy():
 def test_games_with_hidden_information_or_no_twin_are_refused_before_any_model_call(game):
     with pytest.raises(UserError, match=game):
         state_probabilities(None, None, game)
+
+
+def test_losses_by_cause_add_up_to_the_losses_and_name_the_tactic_missed():
+    uniform_losses = losses_vs_random(TICTACTOE, uniform_policy())
+    assert [sum(causes.values()) for causes in uniform_losses] == pytest.approx([1 - n for n in UNIFORM_NON_LOSS])
+    assert all(causes["missed_win"] > 0.01 and causes["missed_block"] > 0.01 for causes in uniform_losses)
+    # Never missing a win or a block leaves only losses that no move could stop: forks.
+    tactical_losses = losses_vs_random(TICTACTOE, tactical_policy())
+    for causes, non_loss in zip(tactical_losses, non_loss_vs_random(TICTACTOE, tactical_policy())):
+        assert causes["missed_win"] == 0.0 and causes["missed_block"] == 0.0
+        assert causes["unstoppable"] == pytest.approx(1 - non_loss) and causes["unstoppable"] > 0
+
+
+def test_a_policy_that_takes_wins_but_never_blocks_loses_only_by_missed_blocks_and_forks():
+    policy = {}
+    for key, state in decision_states(TICTACTOE, "tictactoe").items():
+        tactic = tactical_moves(state)
+        legal = set(state.legal_actions())
+        if tactic is None:
+            chosen = legal
+        else:
+            kind, good = tactic
+            chosen = good if kind == "takes_win" else legal - good
+        policy[key] = {a: 1 / len(chosen) for a in chosen}
+    for causes in losses_vs_random(TICTACTOE, policy):
+        assert causes["missed_win"] == 0.0
+        assert causes["missed_block"] > causes["unstoppable"] > 0
