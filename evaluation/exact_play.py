@@ -77,18 +77,20 @@ def losses_vs_random(spiel_game: pyspiel.Game, probabilities: Probabilities) -> 
     by what the seat faced at its last move before the loss (`tactical_moves`): `missed_win`, a
     move won at once; `missed_block`, some moves left the opponent no win at once; `unstoppable`,
     otherwise (no move did, as against a fork, or the loss lay further ahead)."""
-    values: dict[tuple[str, int, int], np.ndarray] = {}
+    values: dict[tuple[str, int, int | None], np.ndarray] = {}
 
     def losses(state: pyspiel.State, seat: int, cause: int) -> np.ndarray:
         if state.is_terminal():
             lost = np.zeros(len(LOSS_CAUSES))
             lost[cause] = float(state.returns()[seat] < 0)
             return lost
-        known = (state_key(state), seat, cause)
+        # What follows the seat's own move does not depend on its earlier moves' causes.
+        to_move = state.current_player() == seat
+        known = (state_key(state), seat, None if to_move else cause)
         if known not in values:
             if state.is_chance_node():
                 moves = state.chance_outcomes()
-            elif state.current_player() == seat:
+            elif to_move:
                 moves = probabilities[known[0]].items()
                 tactic = tactical_moves(state)
                 cause = _CAUSE_OF_TACTIC[tactic[0]] if tactic else _UNSTOPPABLE

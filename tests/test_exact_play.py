@@ -135,8 +135,8 @@ def test_losses_by_cause_add_up_to_the_losses_and_name_the_tactic_missed():
     assert [sum(causes.values()) for causes in uniform_losses] == pytest.approx([1 - n for n in UNIFORM_NON_LOSS])
     assert all(causes["missed_win"] > 0.01 and causes["missed_block"] > 0.01 for causes in uniform_losses)
     # Never missing a win or a block leaves only losses that no move could stop: forks.
-    tactical_losses = losses_vs_random(TICTACTOE, tactical_policy())
-    for causes, non_loss in zip(tactical_losses, non_loss_vs_random(TICTACTOE, tactical_policy())):
+    policy = tactical_policy()
+    for causes, non_loss in zip(losses_vs_random(TICTACTOE, policy), non_loss_vs_random(TICTACTOE, policy)):
         assert causes["missed_win"] == 0.0 and causes["missed_block"] == 0.0
         assert causes["unstoppable"] == pytest.approx(1 - non_loss) and causes["unstoppable"] > 0
 
