@@ -30,9 +30,17 @@ def uniform(conversations, answers):
     return [[0.0] * len(group) for group in answers]
 
 
+def uniform_over(choose) -> dict[str, dict[int, float]]:
+    """The policy that plays uniformly among `choose(state)`'s moves on every TicTacToe board."""
+    policy = {}
+    for key, state in decision_states(TICTACTOE, "tictactoe").items():
+        chosen = sorted(choose(state))
+        policy[key] = {a: 1 / len(chosen) for a in chosen}
+    return policy
+
+
 def uniform_policy() -> dict[str, dict[int, float]]:
-    states = decision_states(TICTACTOE, "tictactoe")
-    return {key: {a: 1 / len(s.legal_actions()) for a in s.legal_actions()} for key, s in states.items()}
+    return uniform_over(lambda state: state.legal_actions())
 
 
 LINES = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6)]
@@ -45,13 +53,13 @@ def completing(board: str, mark: str) -> set[int]:
 
 def tactical_policy() -> dict[str, dict[int, float]]:
     """Wins at once where it can, else blocks the opponent's win at once, else plays uniformly."""
-    policy = {}
-    for key, state in decision_states(TICTACTOE, "tictactoe").items():
+
+    def choose(state) -> set[int]:
         board = str(state).replace("\n", "")
         mine, theirs = ("x", "o") if state.current_player() == 0 else ("o", "x")
-        chosen = sorted(completing(board, mine) or completing(board, theirs) or state.legal_actions())
-        policy[key] = {a: 1 / len(chosen) for a in chosen}
-    return policy
+        return completing(board, mine) or completing(board, theirs) or set(state.legal_actions())
+
+    return uniform_over(choose)
 
 
 def test_tictactoe_has_4520_decision_states_each_prompt_showing_its_board():
@@ -142,16 +150,14 @@ def test_losses_by_cause_add_up_to_the_losses_and_name_the_tactic_missed():
 
 
 def test_a_policy_that_takes_wins_but_never_blocks_loses_only_by_missed_blocks_and_forks():
-    policy = {}
-    for key, state in decision_states(TICTACTOE, "tictactoe").items():
+    def choose(state) -> set[int]:
         tactic = tactical_moves(state)
         legal = set(state.legal_actions())
         if tactic is None:
-            chosen = legal
-        else:
-            kind, good = tactic
-            chosen = good if kind == "takes_win" else legal - good
-        policy[key] = {a: 1 / len(chosen) for a in chosen}
-    for causes in losses_vs_random(TICTACTOE, policy):
+            return legal
+        kind, good = tactic
+        return good if kind == "takes_win" else legal - good
+
+    for causes in losses_vs_random(TICTACTOE, uniform_over(choose)):
         assert causes["missed_win"] == 0.0
         assert causes["missed_block"] > causes["unstoppable"] > 0
