@@ -65,7 +65,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     overrides = [word for word in (args.config, *args.overrides) if word is not None]
     config = overrides.pop(0) if overrides and "=" not in overrides[0] else None  # else only overrides
     metrics = train_command(config, overrides, args.resume, progress=not args.no_progress)
-    summary = {k: round(v, 4) for k, v in metrics.items() if k.startswith(("reward/", "vs/", "turns/invalid"))}
+    # The last step's figures, and its evaluation against the fixed opponents when it ran one.
+    shown = ("reward/", "vs/", "turns/invalid", "eval/")
+    summary = {k: round(v, 4) for k, v in metrics.items() if k.startswith(shown)}
     print(json.dumps(summary, indent=2))
     return 0
 

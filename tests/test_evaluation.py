@@ -136,6 +136,17 @@ def test_training_logs_evaluations_to_tensorboard(trained_run):
     assert all(0.0 <= e.value <= 1.0 for e in events.Scalars("eval/kuhn_poker/random/wins_rate"))
 
 
+def test_train_command_prints_the_last_steps_evaluation(tiny_model_dir, tmp_path, capsys):
+    overrides = [f"model={tiny_model_dir}", f"run_dir={tmp_path / 'run'}", "steps=1", "games={kuhn_poker: 1}"]
+    overrides += ["rollout.games_per_step=4", "rollout.max_new_tokens=6", "eval.every=1", "eval.episodes=4"]
+    assert main(["train", "--no-progress", *overrides]) == 0
+    out = capsys.readouterr().out
+    printed = json.loads(out[out.index("{\n") :])
+    assert 0.0 <= printed["eval/kuhn_poker/random/losses_rate"] <= 1.0
+    assert 0.0 <= printed["eval/kuhn_poker/exploitability"] <= 1.0
+    assert "reward/mean" in printed
+
+
 def test_candidates_are_the_runs_checkpoints_with_their_steps(trained_run, tmp_path):
     found = find_candidates([str(trained_run), "default"])
     assert [(c.name, c.step) for c in found] == [("run/step-000001", 1), ("run/step-000002", 2), ("default", None)]
