@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 
@@ -9,13 +11,11 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from selfplay.cli import main
-from selfplay.config import load_config
 from selfplay.errors import UserError
 from selfplay.evaluation.evaluate import find_candidates, load_suite, outcome_stats, plan_pairings
 from selfplay.evaluation.ratings import fit_elo
 from selfplay.evaluation.scoreboard import wilson_interval
 from selfplay.records import MatchResult, Trajectory, Turn
-from selfplay.train import Trainer
 
 
 @pytest.mark.parametrize(
@@ -103,8 +103,9 @@ def test_suites_in_configs_load():
 
 
 @pytest.fixture(scope="module")
-def trained_run(tiny_model_dir, tmp_path_factory):
-    """A two-step run of the tiny model with a checkpoint per step, evaluated during training."""
+def training(tiny_model_dir, tmp_path_factory):
+    """A two-step run of the tiny model through `selfplay train`, with a checkpoint per step,
+    evaluated during training: its run directory and the summary the command printed."""
     run_dir = tmp_path_factory.mktemp("eval") / "run"
     overrides = [
         f"model={tiny_model_dir}",
@@ -120,8 +121,16 @@ def trained_run(tiny_model_dir, tmp_path_factory):
         "eval.episodes=4",
         "eval.opponents=[random, nash]",
     ]
-    Trainer(load_config(None, overrides), progress=False).run()
-    return run_dir
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["train", "--no-progress", *overrides]) == 0
+    printed = out.getvalue()
+    return run_dir, json.loads(printed[printed.index("{\n") :])
+
+
+@pytest.fixture(scope="module")
+def trained_run(training):
+    return training[0]
 
 
 def test_training_logs_evaluations_to_tensorboard(trained_run):
@@ -136,12 +145,8 @@ def test_training_logs_evaluations_to_tensorboard(trained_run):
     assert all(0.0 <= e.value <= 1.0 for e in events.Scalars("eval/kuhn_poker/random/wins_rate"))
 
 
-def test_train_command_prints_the_last_steps_evaluation(tiny_model_dir, tmp_path, capsys):
-    overrides = [f"model={tiny_model_dir}", f"run_dir={tmp_path / 'run'}", "steps=1", "games={kuhn_poker: 1}"]
-    overrides += ["rollout.games_per_step=4", "rollout.max_new_tokens=6", "eval.every=1", "eval.episodes=4"]
-    assert main(["train", "--no-progress", *overrides]) == 0
-    out = capsys.readouterr().out
-    printed = json.loads(out[out.index("{\n") :])
+def test_train_command_prints_the_last_steps_evaluation(training):
+    _, printed = training
     assert 0.0 <= printed["eval/kuhn_poker/random/losses_rate"] <= 1.0
     assert 0.0 <= printed["eval/kuhn_poker/exploitability"] <= 1.0
     assert "reward/mean" in printed
