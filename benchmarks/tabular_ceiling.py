@@ -3,14 +3,17 @@ every state apart?
 
 The policy here is a table: one row of logits per state (Kuhn Poker: information state;
 TicTacToe: board), illegal moves masked, so nothing it learns in one state disturbs another.
-It is trained the way `selfplay train` trains a language model: each step plays
-`--games-per-step` games against opponents drawn from `--opponents` (`self`, `random`), turns
-become `Trajectory` records, advantages come from selfplay's own estimator
-(`selfplay.advantages.estimate`), and the loss is the on-policy policy gradient with the
-learner's token-mean aggregation, an optional KL penalty to the initial policy (the learner's
-k3 estimate; `--reference-every` moves that reference to the current table, as
-`learner.reference_update_every` does), gradient clipping at 1 and Adam, its learning rate
-on the learner's schedule (`--lr-schedule`, decaying across `--steps`).
+With `--policy perceptron` it is instead a two-layer perceptron reading each state as
+OpenSpiel's tensor, which generalises across states as a language model does, without having
+to learn to read text. It is trained the way `selfplay train` trains a language model: each
+step plays `--games-per-step` games against opponents drawn from `--opponents` (`self`,
+`random`), turns become `Trajectory` records, advantages come from selfplay's own estimator
+(`selfplay.advantages.estimate`), and the loss is the learner's PPO-clip loss over
+`--minibatches` optimizer steps (one: the on-policy policy gradient) with its token-mean
+aggregation, an optional KL penalty to the initial policy (the learner's k3 estimate;
+`--reference-every` moves that reference to the current policy, as
+`learner.reference_update_every` does), gradient clipping at 1 and Adam, its learning rate on
+the learner's schedule (`--lr-schedule`, decaying across `--steps`).
 
 It measures what issue-style targets ask of the language model:
 - kuhn_poker: exact exploitability (OpenSpiel); uniform play is 0.458;
@@ -23,6 +26,9 @@ read the state, so at the same number of games these figures bound what
 
     python benchmarks/tabular_ceiling.py kuhn_poker --steps 300 --games-per-step 128 --lr 0.01 0.03 --kl 0 0.2
     python benchmarks/tabular_ceiling.py tic_tac_toe --steps 130 --games-per-step 64 --opponents self random
+    python benchmarks/tabular_ceiling.py tic_tac_toe --policy perceptron --steps 600 --games-per-step 64 \
+        --opponents self random --lr 3e-4 1e-3 --kl 0.1 --reference-every 35 --minibatches 4 \
+        --turn-discount 0.3 --lr-schedule linear
 """
 
 from __future__ import annotations
@@ -59,7 +65,7 @@ class Table:
     def __init__(self, game, tilt: float, generator: torch.Generator):
         self.game = game
         self.index: dict[str, int] = {}
-        masks = []
+        masks, tensors = [], []
         seen = set()
         frontier = [game.new_initial_state()]
         while frontier:
@@ -72,15 +78,58 @@ class Table:
                 if key not in self.index:
                     self.index[key] = len(masks)
                     masks.append(state.legal_actions_mask())
+                    tensors.append(state_tensor(state, state.current_player()))
             frontier.extend(state.child(action) for action in state.legal_actions())
         self.legal = torch.tensor(masks, dtype=torch.bool)
+        self.tensors = torch.tensor(tensors, dtype=torch.float32)
         self.logits = (tilt * torch.randn(self.legal.shape, generator=generator)).requires_grad_()
 
+    def parameters(self) -> list[torch.Tensor]:
+        return [self.logits]
+
+    def scores(self) -> torch.Tensor:
+        return self.logits
+
     def log_probs(self) -> torch.Tensor:
-        return torch.log_softmax(self.logits.masked_fill(~self.legal, -torch.inf), dim=-1)
+        return torch.log_softmax(self.scores().masked_fill(~self.legal, -torch.inf), dim=-1)
 
     def probs(self) -> np.ndarray:
         return self.log_probs().detach().exp().numpy()
+
+
+class Perceptron(Table):
+    """A two-layer perceptron over each state's OpenSpiel tensor and the mover, in place of the
+    table's rows: what it learns in one state moves its policy in similar ones, as a language
+    model's does, but it reads the state as numbers. Initial policy uniform (zero output layer)."""
+
+    def __init__(self, game, width: int, generator: torch.Generator):
+        super().__init__(game, 0.0, generator)
+        inputs, moves = self.tensors.shape[1], self.legal.shape[1]
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(inputs, width), torch.nn.ReLU(), torch.nn.Linear(width, width), torch.nn.ReLU()
+        )
+        for layer in self.net[::2]:
+            torch.nn.init.kaiming_uniform_(layer.weight, nonlinearity="relu", generator=generator)
+            torch.nn.init.zeros_(layer.bias)
+        self.head = torch.nn.Linear(width, moves)
+        torch.nn.init.zeros_(self.head.weight)
+        torch.nn.init.zeros_(self.head.bias)
+
+    def parameters(self) -> list[torch.Tensor]:
+        return [*self.net.parameters(), *self.head.parameters()]
+
+    def scores(self) -> torch.Tensor:
+        return self.head(self.net(self.tensors))
+
+
+def state_tensor(state, seat: int) -> list[float]:
+    """The perceptron's input: the board, or the mover's information state, and the mover."""
+    tensor = (
+        state.observation_tensor(seat)
+        if perfect_information(state.get_game())
+        else state.information_state_tensor(seat)
+    )
+    return [*tensor, *(float(seat == s) for s in range(state.get_game().num_players()))]
 
 
 def play(table: Table, probs: np.ndarray, opponent: str, learner_seat: int, seed: int, rng: np.random.Generator):
@@ -133,9 +182,11 @@ def train(game, args, lr: float, kl_coef: float, estimator: str, seed: int) -> l
     """The score after every `args.every` steps of training from a fresh table."""
     generator = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
-    table = Table(game, args.tilt, generator)
+    table = (
+        Perceptron(game, args.width, generator) if args.policy == "perceptron" else Table(game, args.tilt, generator)
+    )
     reference = table.log_probs().detach()
-    optimizer = torch.optim.Adam([table.logits], lr=lr)
+    optimizer = torch.optim.Adam(table.parameters(), lr=lr)
     schedule = LearnerConfig(lr=lr, lr_schedule=args.lr_schedule)
     baselines: dict = {}
     curve = [(0, score(table, args.eval_games, args.greedy, rng))]
@@ -155,17 +206,26 @@ def train(game, args, lr: float, kl_coef: float, estimator: str, seed: int) -> l
                 rows.append(row)
                 actions.append(action)
                 weights.append(value)
-        logp = table.log_probs()[rows, actions]
-        loss = -(torch.tensor(weights) * logp).mean()
-        if kl_coef:
-            log_ratio = reference[rows, actions] - logp
-            loss = loss + kl_coef * (torch.exp(log_ratio) - log_ratio - 1).mean()
+        rows, actions, weights = torch.tensor(rows), torch.tensor(actions), torch.tensor(weights)
+        before = table.log_probs().detach()[rows, actions]
         for group in optimizer.param_groups:
             group["lr"] = scheduled_lr(schedule, step, args.steps)
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_([table.logits], 1.0)
-        optimizer.step()
+        # The learner's PPO-clip loss over `--minibatches` optimizer steps; with one, it is the
+        # plain policy gradient (every ratio is 1).
+        order = torch.randperm(len(rows), generator=generator)
+        for part in range(args.minibatches):
+            batch = order[part :: args.minibatches]
+            logp = table.log_probs()[rows[batch], actions[batch]]
+            ratio = torch.exp(logp - before[batch])
+            clipped = ratio.clamp(1 - args.clip, 1 + args.clip)
+            loss = -torch.minimum(ratio * weights[batch], clipped * weights[batch]).mean()
+            if kl_coef:
+                log_ratio = reference[rows[batch], actions[batch]] - logp
+                loss = loss + kl_coef * (torch.exp(log_ratio) - log_ratio - 1).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(table.parameters(), 1.0)
+            optimizer.step()
         if args.reference_every and step % args.reference_every == 0:
             reference = table.log_probs().detach()
         if step % args.every == 0:
@@ -188,7 +248,13 @@ def main() -> None:
     parser.add_argument(
         "--reference-every", type=int, default=0, help="steps between moves of the KL reference to the current table"
     )
-    parser.add_argument("--tilt", type=float, default=0.0, help="spread of the initial policy's random preferences")
+    parser.add_argument("--tilt", type=float, default=0.0, help="spread of the table's initial random preferences")
+    parser.add_argument(
+        "--policy", choices=("table", "perceptron"), default="table", help="a table of logits, or a perceptron"
+    )
+    parser.add_argument("--width", type=int, default=128, help="the perceptron's hidden units per layer")
+    parser.add_argument("--minibatches", type=int, default=1, help="learner.minibatches")
+    parser.add_argument("--clip", type=float, default=0.2, help="learner.clip")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--every", type=int, default=50)
     parser.add_argument("--eval-games", type=int, default=1000, help="games against random per measurement")
@@ -200,7 +266,8 @@ def main() -> None:
         metric += " (greedy)"
     print(
         f"{args.game}: {args.steps} steps x {args.games_per_step} games = {args.steps * args.games_per_step} games "
-        f"per run against {'/'.join(args.opponents)}; initial tilt {args.tilt}; KL reference moved every "
+        f"per run against {'/'.join(args.opponents)}; {args.policy} policy; {args.minibatches} minibatches; "
+        f"initial tilt {args.tilt}; KL reference moved every "
         f"{args.reference_every or 'never'} steps; turn discount {args.turn_discount}; state prior "
         f"{args.state_prior}; {metric} "
         "(mean over seeds)"
