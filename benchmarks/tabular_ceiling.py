@@ -192,7 +192,8 @@ def train(game, args, lr: float, kl_coef: float, estimator: str, seed: int) -> l
     curve = [(0, score(table, args.eval_games, args.greedy, rng))]
     for step in range(1, args.steps + 1):
         played = []
-        probs = table.probs()
+        current = table.log_probs().detach()
+        probs = current.exp().numpy()
         for g in range(args.games_per_step):
             opponent = args.opponents[int(rng.integers(len(args.opponents)))]
             played.append(play(table, probs, opponent, g % 2, step * args.games_per_step + g, rng))
@@ -207,7 +208,7 @@ def train(game, args, lr: float, kl_coef: float, estimator: str, seed: int) -> l
                 actions.append(action)
                 weights.append(value)
         rows, actions, weights = torch.tensor(rows), torch.tensor(actions), torch.tensor(weights)
-        before = table.log_probs().detach()[rows, actions]
+        before = current[rows, actions]
         for group in optimizer.param_groups:
             group["lr"] = scheduled_lr(schedule, step, args.steps)
         # The learner's PPO-clip loss over `--minibatches` optimizer steps; with one, it is the
