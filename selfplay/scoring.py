@@ -4,6 +4,7 @@ what the warm start fits, and what exploitability probes read move probabilities
 from __future__ import annotations
 
 import contextlib
+import platform
 from collections.abc import Sequence
 
 import torch
@@ -17,6 +18,15 @@ def autocast(precision: str, device_type: str):
     if precision == "bf16":
         return torch.autocast(device_type=device_type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def bf16_is_native(device_type: str) -> bool:
+    """Whether `device_type` computes in bfloat16 in hardware. An x86 CPU does only with
+    AVX512-BF16 or AMX instructions; without them PyTorch emulates bf16, many times slower than
+    fp32. Other CPUs and accelerators count as native (nothing here tells)."""
+    if device_type != "cpu" or platform.machine().lower() not in ("x86_64", "amd64"):
+        return True
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
 def response_hidden(model, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> torch.Tensor:

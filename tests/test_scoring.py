@@ -38,3 +38,18 @@ def test_response_hidden_and_entropy_match_a_plain_forward_pass(model):
         assert torch.allclose(logp, distribution[range(len(response)), response], atol=1e-5)
         assert torch.allclose(entropy, -(distribution.exp() * distribution).sum(-1), atol=1e-4)
         start += len(response)
+
+
+def test_bf16_counts_as_native_on_accelerators_and_non_x86_cpus_and_by_instructions_on_x86(monkeypatch):
+    import platform
+
+    from selfplay.scoring import bf16_is_native
+
+    assert bf16_is_native("cuda")
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    for avx512_bf16, amx in [(False, False), (True, False), (False, True)]:
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda answer=avx512_bf16: answer)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda answer=amx: answer)
+        assert bf16_is_native("cpu") == (avx512_bf16 or amx)
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    assert bf16_is_native("cpu")

@@ -102,6 +102,26 @@ def test_a_bf16_backend_is_sent_the_learners_weights_in_bf16(tiny_model_dir, tmp
     assert {tensor.dtype for tensor in synced.values()} == {torch.bfloat16}
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["bf16_cpu", "avx2_cpu"])
+def test_bf16_on_a_cpu_that_emulates_it_warns_which_settings_to_change(
+    tiny_model_dir, tmp_path, monkeypatch, capsys, native
+):
+    monkeypatch.setattr("selfplay.train.bf16_is_native", lambda device_type: native)
+    common = [*TINY, "device=cpu", f"model={tiny_model_dir}"]
+    Trainer(load_config(None, [*common, "learner.precision=bf16", f"run_dir={tmp_path / 'a'}"]), progress=False)
+    warned = capsys.readouterr().err
+    Trainer(load_config(None, [*common, "backend_precision=bf16", f"run_dir={tmp_path / 'b'}"]), progress=False)
+    warned_backend = capsys.readouterr().err
+    Trainer(load_config(None, [*common, f"run_dir={tmp_path / 'c'}"]), progress=False)
+    assert "warning" not in capsys.readouterr().err  # fp32 everywhere
+    if native:
+        assert "warning" not in warned + warned_backend
+    else:
+        assert "learner.precision=bf16" in warned and "Set learner.precision=fp32" in warned
+        assert "backend_precision" not in warned
+        assert "Set backend_precision=fp32" in warned_backend and "learner.precision" not in warned_backend
+
+
 @pytest.mark.parametrize(
     "learner", [[], ["learner.kl_coef=0.5", "learner.reference_update_every=1"]], ids=["plain", "moving_reference"]
 )
