@@ -50,7 +50,7 @@ MULTI_TURN_SHARE = 0.125
 VIEW_SHARE = 0.5
 # Longer multi-turn chats fall back to a single-turn prompt (training cost grows with length).
 MAX_PROMPT_TOKENS = 768
-# The build settings of the default model: 12 to 30 minutes on two CPU cores.
+# The build settings of the default model: 11 to 30 minutes on two CPU cores.
 STEPS = 1200
 BATCH_SIZE = 16
 LR = 1e-3
