@@ -558,12 +558,15 @@ class Trainer:
 def slow_bf16_warning(config: TrainConfig, player: LearningPlayer) -> str | None:
     """A warning naming the bf16 settings that would run on a CPU without bfloat16 instructions,
     where they make a run many times slower; None when there are none."""
-    slow = []
-    if config.learner.precision == "bf16" and not bf16_is_native(torch.device(player.learner.device).type):
-        slow.append("learner.precision")
-    backend_device = getattr(player.backend, "device", None)
-    if config.backend_precision == "bf16" and backend_device and not bf16_is_native(torch.device(backend_device).type):
-        slow.append("backend_precision")
+    settings = {  # name: (precision, device; None where the backend does not say)
+        "learner.precision": (config.learner.precision, player.learner.device),
+        "backend_precision": (config.backend_precision, getattr(player.backend, "device", None)),
+    }
+    slow = [
+        name
+        for name, (precision, device) in settings.items()
+        if precision == "bf16" and device is not None and not bf16_is_native(torch.device(device).type)
+    ]
     if not slow:
         return None
     return (
