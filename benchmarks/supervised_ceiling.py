@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import random
+import sys
 import time
 
 import numpy as np
@@ -70,7 +71,7 @@ from selfplay.evaluation.exploitability import (
 from selfplay.games.tictactoe import MARKS, shown_cells
 from selfplay.legal_decoding import Choices
 from selfplay.prompts import PromptStyle, batch_prompt_ids
-from selfplay.scoring import autocast, response_logprobs
+from selfplay.scoring import autocast, bf16_is_native, emulated_bf16_warning, response_logprobs
 
 GAME = "tictactoe"
 
@@ -329,6 +330,8 @@ def main() -> None:
         "--read-first", type=int, default=0, metavar="N", help="steps of board reading before the labels"
     )
     args = parser.parse_args()
+    if args.precision == "bf16" and not bf16_is_native("cpu"):
+        print(emulated_bf16_warning(["--precision"]), file=sys.stderr)
 
     random.seed(args.seed)
     torch.manual_seed(args.seed)

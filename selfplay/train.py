@@ -47,7 +47,7 @@ from selfplay.learner import Learner, Sample, scheduled_lr
 from selfplay.records import Trajectory
 from selfplay.roles.base import advantage_key
 from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
-from selfplay.scoring import bf16_is_native
+from selfplay.scoring import bf16_is_native, emulated_bf16_warning
 
 MAIN = "main"
 CONFIG_FILE = "config.yaml"
@@ -567,14 +567,7 @@ def slow_bf16_warning(config: TrainConfig, player: LearningPlayer) -> str | None
         for name, (precision, device) in settings.items()
         if precision == "bf16" and device is not None and not bf16_is_native(torch.device(device).type)
     ]
-    if not slow:
-        return None
-    return (
-        f"warning: {' and '.join(f'{name}=bf16' for name in slow)} on a CPU without bfloat16 instructions "
-        "(AVX512-BF16 or AMX). PyTorch emulates bf16 there: a learner step of the default model took about 15 "
-        "times as long as in fp32, and a forward pass with bf16 weights about 5 times. "
-        f"Set {' and '.join(f'{name}=fp32' for name in slow)} on this machine."
-    )
+    return emulated_bf16_warning(slow) if slow else None
 
 
 def collapse_warning(step: int, run_dir: Path) -> str:

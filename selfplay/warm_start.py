@@ -23,6 +23,7 @@ import json
 import math
 import random
 import shutil
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -487,6 +488,10 @@ if __name__ == "__main__":
     parser.add_argument("--measure-only", action="store_true")
     parser.add_argument("--n", type=int, default=200)
     args = parser.parse_args()
+    from selfplay.scoring import bf16_is_native, emulated_bf16_warning
+
+    if args.precision == "bf16" and not args.measure_only and not bf16_is_native("cpu"):
+        print(emulated_bf16_warning(["--precision"]), file=sys.stderr)
     games = dict(args.games) if args.games else None
     target = args.model_dir
     if args.untrained:
