@@ -71,7 +71,7 @@ from selfplay.evaluation.exploitability import (
 from selfplay.games.tictactoe import MARKS, shown_cells
 from selfplay.legal_decoding import Choices
 from selfplay.prompts import PromptStyle, batch_prompt_ids
-from selfplay.scoring import autocast, bf16_is_native, emulated_bf16_warning, response_logprobs
+from selfplay.scoring import autocast, emulated_bf16_warning, response_logprobs
 
 GAME = "tictactoe"
 
@@ -330,8 +330,8 @@ def main() -> None:
         "--read-first", type=int, default=0, metavar="N", help="steps of board reading before the labels"
     )
     args = parser.parse_args()
-    if args.precision == "bf16" and not bf16_is_native("cpu"):
-        print(emulated_bf16_warning(["--precision"]), file=sys.stderr)
+    if warning := emulated_bf16_warning({"--precision": (args.precision, "cpu")}):
+        print(warning, file=sys.stderr)
 
     random.seed(args.seed)
     torch.manual_seed(args.seed)

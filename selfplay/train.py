@@ -47,7 +47,7 @@ from selfplay.learner import Learner, Sample, scheduled_lr
 from selfplay.records import Trajectory
 from selfplay.roles.base import advantage_key
 from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
-from selfplay.scoring import bf16_is_native, emulated_bf16_warning
+from selfplay.scoring import emulated_bf16_warning
 
 MAIN = "main"
 CONFIG_FILE = "config.yaml"
@@ -556,18 +556,13 @@ class Trainer:
 
 
 def slow_bf16_warning(config: TrainConfig, player: LearningPlayer) -> str | None:
-    """A warning naming the bf16 settings that would run on a CPU without bfloat16 instructions,
-    where they make a run many times slower; None when there are none."""
-    settings = {  # name: (precision, device; None where the backend does not say)
-        "learner.precision": (config.learner.precision, player.learner.device),
-        "backend_precision": (config.backend_precision, getattr(player.backend, "device", None)),
-    }
-    slow = [
-        name
-        for name, (precision, device) in settings.items()
-        if precision == "bf16" and device is not None and not bf16_is_native(torch.device(device).type)
-    ]
-    return emulated_bf16_warning(slow) if slow else None
+    """`emulated_bf16_warning` for the run's two precision settings."""
+    return emulated_bf16_warning(
+        {  # a backend that does not say its device (vLLM) is not checked
+            "learner.precision": (config.learner.precision, player.learner.device),
+            "backend_precision": (config.backend_precision, getattr(player.backend, "device", None)),
+        }
+    )
 
 
 def collapse_warning(step: int, run_dir: Path) -> str:

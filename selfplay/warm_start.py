@@ -488,10 +488,10 @@ if __name__ == "__main__":
     parser.add_argument("--measure-only", action="store_true")
     parser.add_argument("--n", type=int, default=200)
     args = parser.parse_args()
-    from selfplay.scoring import bf16_is_native, emulated_bf16_warning
+    from selfplay.scoring import emulated_bf16_warning
 
-    if args.precision == "bf16" and not args.measure_only and not bf16_is_native("cpu"):
-        print(emulated_bf16_warning(["--precision"]), file=sys.stderr)
+    if not args.measure_only and (warning := emulated_bf16_warning({"--precision": (args.precision, "cpu")})):
+        print(warning, file=sys.stderr)
     games = dict(args.games) if args.games else None
     target = args.model_dir
     if args.untrained:

@@ -106,7 +106,7 @@ def test_a_bf16_backend_is_sent_the_learners_weights_in_bf16(tiny_model_dir, tmp
 def test_bf16_on_a_cpu_that_emulates_it_warns_which_settings_to_change(
     tiny_model_dir, tmp_path, monkeypatch, capsys, native
 ):
-    monkeypatch.setattr("selfplay.train.bf16_is_native", lambda device_type: native)
+    monkeypatch.setattr("selfplay.scoring.bf16_is_native", lambda device_type: native)
     common = [*TINY, "device=cpu", f"model={tiny_model_dir}"]
     Trainer(load_config(None, [*common, "learner.precision=bf16", f"run_dir={tmp_path / 'a'}"]), progress=False)
     warned = capsys.readouterr().err
