@@ -61,9 +61,11 @@ def non_loss_vs_random(model_dir: str, game: str, episodes: int, seed: int, roll
 
 
 def load(model_dir: str):
-    """The model (float32, for probing its probabilities) and its tokenizer."""
+    """The model (float32, for probing its probabilities; on the GPU where there is one) and its
+    tokenizer."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval(), tokenizer
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return model.to("cuda" if torch.cuda.is_available() else "cpu").eval(), tokenizer
 
 
 def measure(model_dir: str, games: list[str], episodes: int, seed: int, rollout: RolloutConfig) -> dict:
