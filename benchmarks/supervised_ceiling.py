@@ -51,7 +51,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import random
-import sys
 import time
 
 import numpy as np
@@ -71,7 +70,7 @@ from selfplay.evaluation.exploitability import (
 from selfplay.games.tictactoe import MARKS, shown_cells
 from selfplay.legal_decoding import Choices
 from selfplay.prompts import PromptStyle, batch_prompt_ids
-from selfplay.scoring import autocast, emulated_bf16_warning, response_logprobs
+from selfplay.scoring import autocast, response_logprobs, warn_if_bf16_emulated
 
 GAME = "tictactoe"
 
@@ -330,8 +329,7 @@ def main() -> None:
         "--read-first", type=int, default=0, metavar="N", help="steps of board reading before the labels"
     )
     args = parser.parse_args()
-    if warning := emulated_bf16_warning({"--precision": (args.precision, "cpu")}):
-        print(warning, file=sys.stderr)
+    warn_if_bf16_emulated({"--precision": (args.precision, "cpu")})
 
     random.seed(args.seed)
     torch.manual_seed(args.seed)

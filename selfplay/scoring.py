@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import platform
+import sys
 from collections.abc import Sequence
 
 import torch
@@ -29,22 +30,23 @@ def bf16_is_native(device_type: str) -> bool:
     return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
-def emulated_bf16_warning(settings: dict[str, tuple[str, str | None]]) -> str | None:
-    """A warning naming the `settings` (option or config key: (precision, device; None where
-    unknown)) that would run bf16 on a CPU without bfloat16 instructions, where they make a run
-    many times slower; None when there are none."""
+def warn_if_bf16_emulated(settings: dict[str, tuple[str, str | None]]) -> None:
+    """Print to stderr a warning naming the `settings` (option or config key: (precision, device;
+    None where unknown)) that would run bf16 on a CPU without bfloat16 instructions, where they
+    make a run many times slower; nothing when there are none."""
     slow = [
         name
         for name, (precision, device) in settings.items()
         if precision == "bf16" and device is not None and not bf16_is_native(torch.device(device).type)
     ]
     if not slow:
-        return None
-    return (
+        return
+    print(
         f"warning: {' and '.join(f'{name}=bf16' for name in slow)} on a CPU without bfloat16 instructions "
         "(AVX512-BF16 or AMX). PyTorch emulates bf16 there: a learner step of the default model took about 15 "
         "times as long as in fp32, and a forward pass with bf16 weights about 5 times. "
-        f"Set {' and '.join(f'{name}=fp32' for name in slow)} on this machine."
+        f"Set {' and '.join(f'{name}=fp32' for name in slow)} on this machine.",
+        file=sys.stderr,
     )
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -47,7 +46,7 @@ from selfplay.learner import Learner, Sample, scheduled_lr
 from selfplay.records import Trajectory
 from selfplay.roles.base import advantage_key
 from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
-from selfplay.scoring import emulated_bf16_warning
+from selfplay.scoring import warn_if_bf16_emulated
 
 MAIN = "main"
 CONFIG_FILE = "config.yaml"
@@ -253,9 +252,12 @@ class Trainer:
         self.shared_base = None  # the initial model under the exploiters' adapters, once needed
         main = self._learning_player(MAIN, config.learner, checkpoint)
         self.players: dict[str, LearningPlayer] = {MAIN: main}
-        slow = slow_bf16_warning(config, main)
-        if slow:
-            print(slow, file=sys.stderr)
+        warn_if_bf16_emulated(
+            {  # a backend that does not say its device (vLLM) is not checked
+                "learner.precision": (config.learner.precision, main.learner.device),
+                "backend_precision": (config.backend_precision, getattr(main.backend, "device", None)),
+            }
+        )
         self.frozen: dict[str, PolicyBackend] = {}  # snapshots' backends, loaded when first matched
         self.league = self._open_league(resume) if config.league.enabled else None
         if checkpoint is not None:  # last, so that its random state is the one the run goes on with
@@ -553,16 +555,6 @@ class Trainer:
             if math.isfinite(value):
                 self.writer.add_scalar(name, value, self.step)
         self.writer.flush()
-
-
-def slow_bf16_warning(config: TrainConfig, player: LearningPlayer) -> str | None:
-    """`emulated_bf16_warning` for the run's two precision settings."""
-    return emulated_bf16_warning(
-        {  # a backend that does not say its device (vLLM) is not checked
-            "learner.precision": (config.learner.precision, player.learner.device),
-            "backend_precision": (config.backend_precision, getattr(player.backend, "device", None)),
-        }
-    )
 
 
 def collapse_warning(step: int, run_dir: Path) -> str:

@@ -23,7 +23,6 @@ import json
 import math
 import random
 import shutil
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -488,10 +487,10 @@ if __name__ == "__main__":
     parser.add_argument("--measure-only", action="store_true")
     parser.add_argument("--n", type=int, default=200)
     args = parser.parse_args()
-    from selfplay.scoring import emulated_bf16_warning
+    if not args.measure_only:
+        from selfplay.scoring import warn_if_bf16_emulated
 
-    if not args.measure_only and (warning := emulated_bf16_warning({"--precision": (args.precision, "cpu")})):
-        print(warning, file=sys.stderr)
+        warn_if_bf16_emulated({"--precision": (args.precision, "cpu")})
     games = dict(args.games) if args.games else None
     target = args.model_dir
     if args.untrained:
