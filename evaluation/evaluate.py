@@ -21,13 +21,14 @@ import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
-import yaml
 from tqdm import tqdm
 
 from selfplay.backends import PolicyBackend
 from selfplay.checkpoint import STATE_FILE, checkpoint_step, list_checkpoints
+from selfplay.config import MAX_EPISODES, Bounds, build_section, read_yaml
 from selfplay.errors import UserError
 from selfplay.evaluation.exploitability import SUPPORTED_GAMES
 from selfplay.evaluation.ratings import fit_elo
@@ -134,6 +135,13 @@ def _checkpoint_candidate(path: Path) -> Candidate:
     return Candidate(f"{path.parent.parent.name}/{path.name}", str(path), checkpoint_step(path))
 
 
+@dataclass(frozen=True)
+class Suite:
+    games: list[str]
+    opponents: list[str] = field(default_factory=lambda: ["random"])
+    episodes: Annotated[int, Bounds(1, MAX_EPISODES)] = 50
+
+
 def load_suite(name: str) -> dict:
     """A suite's settings (`games`, `opponents`, `episodes`) from `configs/suites/NAME.yaml`,
     or from a YAML file path."""
@@ -141,13 +149,10 @@ def load_suite(name: str) -> dict:
     if not path.exists():
         known = sorted(p.stem for p in SUITES_DIR.glob("*.yaml"))
         raise UserError(f"Unknown suite '{name}'. Suites in {SUITES_DIR}: {', '.join(known) or 'none'}.")
-    suite = yaml.safe_load(path.read_text()) or {}
-    unknown = set(suite) - {"games", "opponents", "episodes"}
-    if unknown or not suite.get("games"):
-        raise UserError(
-            f"Suite '{path}' must list `games` and may set `opponents` and `episodes`; it has {sorted(suite)}."
-        )
-    return suite
+    suite = read_yaml(path, "suite") or {}
+    if not isinstance(suite, dict) or set(suite) - {"games", "opponents", "episodes"} or not suite.get("games"):
+        raise UserError(f"Suite '{path}' must be a mapping that lists `games` and may set `opponents` and `episodes`.")
+    return asdict(build_section(Suite, suite))
 
 
 # -- games against fixed opponents ----------------------------------------------------------------

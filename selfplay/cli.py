@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from selfplay.agents import agent_help
 from selfplay.backends import BACKENDS, SamplingSettings
+from selfplay.config import MAX_COUNT, MAX_EPISODES, MAX_SEED, Bounds
 from selfplay.errors import UserError
 from selfplay.evaluation.scoreboard import format_table, tally
 from selfplay.games import InvalidMovePolicy, describe_games
@@ -98,7 +100,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         round_robin=not args.no_round_robin,
         exploitability=not args.no_exploitability,
     )
-    results = evaluate(find_candidates(args.checkpoints), settings, progress=not args.no_progress)
+    candidates = find_candidates(args.checkpoints)
+    try:  # before the evaluation, which a report that cannot be written would lose
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"Cannot make '{args.out}': {err.strerror}. Choose another --out directory.") from None
+    results = evaluate(candidates, settings, progress=not args.no_progress)
     report = write_report(results, args.out)
     print(f"Wrote {report} and {report.parent / RESULTS_FILE}.")
     return 0
@@ -138,22 +145,38 @@ def _cmd_games_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
+def _number(kind: type, bounds: Bounds):
+    """An argparse type: a whole number (`kind` int) or a finite number (float) within `bounds`."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or value not in bounds:
+            expected = "a whole number" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"expected {expected} {bounds}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
-    return value
+EPISODES = _number(int, Bounds(1, MAX_EPISODES))
+SEED = _number(int, Bounds(0, MAX_SEED))
+COUNT = _number(int, Bounds(0, MAX_COUNT))
+AT_LEAST_ONE = _number(int, Bounds(1, MAX_COUNT))
+TEMPERATURE = _number(float, Bounds(0))
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, reporting a usage error in one line, as every other error is reported."""
+
+    def error(self, message: str):
+        self.exit(2, f"selfplay: error: {message} (see `{self.prog} --help`)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="selfplay", description="Train language models by multi-agent self-play.")
+    parser = _Parser(prog="selfplay", description="Train language models by multi-agent self-play.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     play = commands.add_parser(
@@ -168,28 +191,26 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma-separated agent specs, one per seat. {agent_help()}; "
         "model:NAME_OR_PATH (a language model; model:default is the built-in one)",
     )
-    play.add_argument("--episodes", type=_positive_int, default=100, help="games to play (default 100)")
-    play.add_argument("--seed", type=int, default=0, help="seed for deals, dice and agents (default 0)")
+    play.add_argument("--episodes", type=EPISODES, default=100, help="games to play (default 100)")
+    play.add_argument("--seed", type=SEED, default=0, help="seed for deals, dice and agents (default 0)")
     play.add_argument(
         "--retries",
-        type=_non_negative_int,
+        type=COUNT,
         default=0,
         help="extra attempts after an invalid move (default 0: the game ends with a penalty)",
     )
     play.add_argument(
-        "--max-turns", type=_positive_int, default=50, help="turn cap; a game that reaches it is a draw (default 50)"
+        "--max-turns", type=AT_LEAST_ONE, default=50, help="turn cap; a game that reaches it is a draw (default 50)"
     )
     play.add_argument(
         "--backend", choices=BACKENDS, default="hf", help="generation backend for model agents (default hf)"
     )
     play.add_argument(
-        "--temperature", type=float, default=1.0, help="model sampling temperature; 0 is greedy (default 1)"
+        "--temperature", type=TEMPERATURE, default=1.0, help="model sampling temperature; 0 is greedy (default 1)"
     )
     play.add_argument("--decoding", choices=DECODINGS, default="free", help=DECODING_HELP)
     play.add_argument("--prompt", choices=PROMPT_STYLES, default="full", help=PROMPT_HELP)
-    play.add_argument(
-        "--max-new-tokens", type=_positive_int, default=64, help="token limit per model turn (default 64)"
-    )
+    play.add_argument("--max-new-tokens", type=AT_LEAST_ONE, default=64, help="token limit per model turn (default 64)")
     play.add_argument(
         "--observation-mode",
         choices=("single_turn", "multi_turn"),
@@ -237,16 +258,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--opponents", help=f"comma-separated agent specs (default: the suite's, else random). {agent_help()}"
     )
     evaluation.add_argument(
-        "--episodes", type=_positive_int, help="games per checkpoint, game and opponent (default: the suite's, else 50)"
+        "--episodes", type=EPISODES, help="games per checkpoint, game and opponent (default: the suite's, else 50)"
     )
-    evaluation.add_argument("--seed", type=int, default=0, help="seed for deals, agents and sampling (default 0)")
+    evaluation.add_argument("--seed", type=SEED, default=0, help="seed for deals, agents and sampling (default 0)")
     evaluation.add_argument("--out", default="eval", help="output directory (default ./eval)")
     evaluation.add_argument("--backend", choices=BACKENDS, default="hf", help="generation backend (default hf)")
-    evaluation.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1)")
+    evaluation.add_argument("--temperature", type=TEMPERATURE, default=1.0, help="sampling temperature (default 1)")
     evaluation.add_argument("--decoding", choices=DECODINGS, default="free", help=DECODING_HELP)
     evaluation.add_argument("--prompt", choices=PROMPT_STYLES, default="full", help=PROMPT_HELP)
-    evaluation.add_argument("--max-new-tokens", type=_positive_int, default=32, help="tokens per turn (default 32)")
-    evaluation.add_argument("--max-turns", type=_positive_int, default=50, help="turn cap per game (default 50)")
+    evaluation.add_argument("--max-new-tokens", type=AT_LEAST_ONE, default=32, help="tokens per turn (default 32)")
+    evaluation.add_argument("--max-turns", type=AT_LEAST_ONE, default=50, help="turn cap per game (default 50)")
     evaluation.add_argument("--no-round-robin", action="store_true", help="skip the round robin between checkpoints")
     evaluation.add_argument("--no-exploitability", action="store_true", help="skip exact exploitability")
     evaluation.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -291,7 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.run(args)
     except UserError as err:
-        print(f"selfplay: error: {err}", file=sys.stderr)
+        print("selfplay: error:", *str(err).splitlines(), file=sys.stderr)  # one line, however it was written
         return 2
 
 

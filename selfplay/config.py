@@ -1,40 +1,90 @@
 """Training configuration: plain YAML files in `configs/`, dotted `key=value` overrides, and
 validation of every key and value before any work starts.
 
-The schema is the dataclasses below; their fields and defaults are the documentation of
+The schema is the dataclasses below; their fields, defaults and ranges are the documentation of
 what a config may say. A config file only needs the keys it changes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import reprlib
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 
 from selfplay.errors import UserError
 
+# The largest count or step a setting takes: a C int, which every library below reads.
+MAX_COUNT = 2**31 - 1
+MAX_SEED = 2**32 - 1  # 32 bits, as numpy's and OpenSpiel's generators take them
+MAX_EPISODES = 1_000_000  # games per evaluation pairing: their seeds are drawn up front
+# A config is a few kilobytes; these bound what a file or an override may make the loader
+# build, so that a YAML alias bomb ("billion laughs") is refused rather than expanded.
+MAX_CONFIG_BYTES = 1 << 20
+MAX_YAML_NODES = 10_000
+MAX_YAML_DEPTH = 32
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The values a number setting may take: from `low` to `high`, each end included unless
+    `low_open` or `high_open` leaves it out."""
+
+    low: float
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    def __str__(self) -> str:
+        low = f"above {self.low}" if self.low_open else f"at least {self.low}"
+        if self.high == math.inf:
+            return low
+        if not (self.low_open or self.high_open):
+            return f"from {self.low} to {self.high}"
+        return f"{low} and {'below' if self.high_open else 'at most'} {self.high}"
+
+
+# Plain `int` fields are counts from 0 to MAX_COUNT; plain `float` fields any finite number.
+AtLeastOne = Annotated[int, Bounds(1, MAX_COUNT)]
+NonNegative = Annotated[float, Bounds(0)]
+Positive = Annotated[float, Bounds(0, low_open=True)]
+Fraction = Annotated[float, Bounds(0, 1)]
+Weight = Annotated[float, Bounds(0, 10**6)]  # a matchmaking weight; a mapping of them needs a positive sum
+LearningRate = Annotated[float, Bounds(0, 1)]  # AdamW moves each weight by about this much a step
+Reward = Annotated[float, Bounds(-1000, 1000)]
+
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    games_per_step: int = 64  # games played per training step
-    concurrency: int = 256  # games in flight at once
+    games_per_step: AtLeastOne = 64  # games played per training step
+    concurrency: AtLeastOne = 256  # games in flight at once
     observation_mode: Literal["single_turn", "multi_turn"] = "single_turn"
     # full: the rules, the state, the legal moves and the answer instruction; view: the state
     # alone, for small models that learn the game from rewards (see selfplay.prompts)
     prompt: Literal["full", "view"] = "full"
-    max_turns: int = 50  # a game reaching this many moves is a truncated draw
-    max_new_tokens: int = 32  # per turn; a response cut off here is an invalid move
-    temperature: float = 1.0
-    top_p: float = 1.0
+    max_turns: AtLeastOne = 50  # a game reaching this many moves is a truncated draw
+    max_new_tokens: AtLeastOne = 32  # per turn; a response cut off here is an invalid move
+    temperature: NonNegative = 1.0  # 0 is greedy
+    top_p: Annotated[float, Bounds(0, 1, low_open=True)] = 1.0
     decoding: Literal["free", "legal"] = "free"  # legal: write only answers naming a legal move (action masking)
     retries: int = 0  # re-asks after an invalid move before it ends the game
-    invalid_penalty: float = -1.5  # SPIRAL's training values
-    invalid_opponent_reward: float = 0.5
+    invalid_penalty: Reward = -1.5  # SPIRAL's training values
+    invalid_opponent_reward: Reward = 0.5
+
+    def __post_init__(self):
+        if self.decoding == "legal" and self.top_p < 1:
+            raise UserError("rollout.top_p applies to free decoding only: with rollout.decoding=legal leave it at 1.")
 
     def probe_settings(self) -> dict:
         """How the exact probes (`move_probabilities`, `exact_report`) ask the model and read its
@@ -42,51 +92,78 @@ class RolloutConfig:
         return {"decoding": self.decoding, "prompt": self.prompt, "temperature": self.temperature}
 
 
+GROUPED_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
+
+
 @dataclass(frozen=True)
 class AdvantageConfig:
     estimator: Literal["rae", "turn_level", "grpo", "dr_grpo", "rloo", "trr++", "reinforce"] = "rae"
-    decay: float = 0.95  # RAE's baseline decay
+    decay: Fraction = 0.95  # RAE's baseline decay
     # RAE only: baseline each turn on the batch's other plays of the same prompt, shrunk towards
     # the role's baseline as if it were this many more plays; null keeps one baseline per role.
-    state_prior: float | None = None
-    turn_discount: float = 1.0  # a turn's advantage times this ** (its player's later turns in the game)
-    group_size: int = 1  # plays of each game start per step; grpo, dr_grpo and rloo need more than 1
+    state_prior: NonNegative | None = None
+    # a turn's advantage times this ** (its player's later turns in the game)
+    turn_discount: Annotated[float, Bounds(0, 1, low_open=True)] = 1.0
+    group_size: AtLeastOne = 1  # plays of each game start per step; grpo, dr_grpo and rloo need more than 1
+
+    def __post_init__(self):
+        if self.estimator in GROUPED_ESTIMATORS and self.group_size < 2:
+            raise UserError(
+                f"advantages.estimator={self.estimator} compares plays of the same game start: "
+                "set advantages.group_size to 2 or more."
+            )
+        if self.state_prior is not None and self.estimator != "rae":
+            raise UserError(
+                f"advantages.state_prior={self.state_prior} needs advantages.estimator=rae; set it to null otherwise."
+            )
 
 
 @dataclass(frozen=True)
 class LoraConfig:
     rank: int = 0  # 0 trains every weight; above 0 trains LoRA adapters of this rank (peft)
-    alpha: float = 16.0
-    dropout: float = 0.0
+    alpha: Positive = 16.0
+    dropout: Annotated[float, Bounds(0, 1, high_open=True)] = 0.0
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+    def __post_init__(self):
+        if not self.target_modules:
+            raise UserError("learner.lora.target_modules must name at least one module, e.g. [q_proj, v_proj].")
 
 
 @dataclass(frozen=True)
 class LearnerConfig:
     loss: Literal["ppo", "reinforce"] = "ppo"
-    lr: float = 1e-5
+    lr: LearningRate = 1e-5
     # The learning rate over the run: constant, or decaying to 0 across `steps`, linearly or on a
     # cosine, after `warmup_steps` of linear warm-up. A run stopped by max_minutes stops mid-decay.
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
     warmup_steps: int = 0
-    weight_decay: float = 0.0
-    epochs: int = 1  # passes over each step's samples
-    minibatches: int = 1  # optimizer steps per epoch
-    micro_batch_tokens: int = 16384  # tokens per forward/backward; gradients accumulate across them
-    clip: float = 0.2  # PPO ratio clip
+    weight_decay: Fraction = 0.0  # AdamW's, decoupled: each step scales the weights by 1 - lr * this
+    epochs: AtLeastOne = 1  # passes over each step's samples
+    minibatches: AtLeastOne = 1  # optimizer steps per epoch
+    micro_batch_tokens: AtLeastOne = 16384  # tokens per forward/backward; gradients accumulate across them
+    clip: Positive = 0.2  # PPO ratio clip
     aggregation: Literal["seq_mean_token_mean", "token_mean", "token_sum"] = "token_mean"
     # token_sum divides by this many tokens per sequence (Dr.GRPO); null uses rollout.max_new_tokens.
-    token_sum_length: int | None = None
-    kl_coef: float = 0.0  # penalty towards the frozen initial policy; 0 loads no reference model
+    token_sum_length: AtLeastOne | None = None
+    kl_coef: NonNegative = 0.0  # penalty towards the frozen initial policy; 0 loads no reference model
     # Every this many steps the KL reference becomes the current policy: a moving magnet, as in
     # R-NaD and magnetic mirror descent, so that the penalty damps self-play's cycling without
     # holding the policy near its start for good. 0 keeps the initial policy.
     reference_update_every: int = 0
-    entropy_coef: float = 0.0  # bonus for the entropy of each response token's distribution
-    importance_clip: float | None = 2.0  # truncated importance sampling between sampler and learner
-    max_grad_norm: float = 1.0
+    entropy_coef: NonNegative = 0.0  # bonus for the entropy of each response token's distribution
+    # truncated importance sampling between sampler and learner: no token weighs more than this
+    importance_clip: Annotated[float, Bounds(1)] | None = 2.0
+    max_grad_norm: Positive = 1.0
     precision: Literal["fp32", "bf16"] = "fp32"
     lora: LoraConfig = LoraConfig()
+
+    def __post_init__(self):
+        if self.reference_update_every and (self.kl_coef <= 0 or self.lora.rank > 0):
+            raise UserError(
+                "learner.reference_update_every moves the KL reference of a full fine-tune: set learner.kl_coef "
+                "above 0 and learner.lora.rank=0, or set learner.reference_update_every=0."
+            )
 
 
 @dataclass(frozen=True)
@@ -94,7 +171,7 @@ class EvalConfig:
     every: int = 0  # steps between evaluations of the current policy; 0 never evaluates
     games: list[str] = field(default_factory=list)  # empty: the training games
     opponents: list[str] = field(default_factory=lambda: ["random"])  # fixed opponents, both seats
-    episodes: int = 32  # games per game and opponent
+    episodes: Annotated[int, Bounds(1, MAX_EPISODES)] = 32  # games per game and opponent
 
 
 @dataclass(frozen=True)
@@ -106,44 +183,56 @@ class LeagueConfig:
     scripted: list[str] = field(default_factory=list)  # agent specs in the population, e.g. [random, "mcts:50"]
     main_exploiters: int = 0  # each trains only against the main player
     league_exploiters: int = 0  # each trains against the whole population
-    main_exploiter_opponents: dict[str, float] = field(default_factory=lambda: {"main": 1.0})
-    league_exploiter_opponents: dict[str, float] = field(default_factory=lambda: {"pfsp:hard": 1.0})
+    main_exploiter_opponents: dict[str, Weight] = field(default_factory=lambda: {"main": 1.0})
+    league_exploiter_opponents: dict[str, Weight] = field(default_factory=lambda: {"pfsp:hard": 1.0})
     # Role -> opponent mix for a seat of that role, in place of the learning player's own mix.
-    role_opponents: dict[str, dict[str, float]] = field(default_factory=dict)
+    role_opponents: dict[str, dict[str, Weight]] = field(default_factory=dict)
     exploiter_lora_rank: int = 8  # exploiters train LoRA adapters of this rank on the initial model
-    exploiter_lr: float | None = None  # null: learner.lr (LoRA adapters usually want a larger one)
+    exploiter_lr: LearningRate | None = None  # null: learner.lr (LoRA adapters usually want a larger one)
     snapshot_every: int = 0  # steps between snapshots of a learning player; 0: by win rate and cap only
-    snapshot_win_rate: float = 0.7  # snapshot once its win rate against every player it meets exceeds this
-    snapshot_min_games: float = 8.0  # decayed games against a player before that win rate counts
+    snapshot_win_rate: Fraction = 0.7  # snapshot once its win rate against every player it meets exceeds this
+    snapshot_min_games: NonNegative = 8.0  # decayed games against a player before that win rate counts
     snapshot_max_steps: int = 50  # a snapshot at least this often; 0 for no cap
     population_cap: int = 32  # active snapshots at most; 0 for no cap
-    payoff_decay: float = 0.99  # per result between two players (AlphaStar's decayed counts)
+    payoff_decay: Fraction = 0.99  # per result between two players (AlphaStar's decayed counts)
+
+    def __post_init__(self):
+        learning_players = 1 + self.main_exploiters + self.league_exploiters
+        if self.enabled and 0 < self.population_cap < learning_players:
+            raise UserError(
+                f"league.population_cap={self.population_cap} is below the {learning_players} learning players, "
+                "each of whose newest snapshot stays: raise it, or set 0 for no cap."
+            )
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     run_dir: str = "runs/quickstart"
-    seed: int = 0
+    seed: Annotated[int, Bounds(0, MAX_SEED)] = 0
     model: str = "default"  # a Hugging Face model name or directory, or "default"
     backend: Literal["hf", "vllm"] = "hf"
     # The generating backends' weights; bf16 samples faster on CPUs with bfloat16 instructions
     # and on GPUs. The learner keeps fp32 weights whatever this says (see learner.precision).
     backend_precision: Literal["fp32", "bf16"] = "fp32"
-    device: str | None = None  # learner device; null picks cuda when present
-    steps: int = 100
-    max_minutes: float | None = None  # stop (with a checkpoint) after the step that passes this wall time
-    games: dict[str, float] = field(default_factory=lambda: {"tictactoe": 1.0})  # game spec -> weight
+    device: str | None = None  # learner device, e.g. cpu, cuda, cuda:1; null picks cuda when present
+    steps: AtLeastOne = 100
+    max_minutes: Positive | None = None  # stop (with a checkpoint) after the step that passes this wall time
+    games: dict[str, Weight] = field(default_factory=lambda: {"tictactoe": 1.0})  # game spec -> weight
     # Who the main player meets, by weight: "self" is its current policy; with the league,
     # "uniform" and "pfsp:hard|variance|linear_capped" pick from the population; anything else
     # is a fixed agent spec ("random", "mcts:50", "nash"). See selfplay/league/matchmaking.py.
-    opponents: dict[str, float] = field(default_factory=lambda: {"self": 1.0})
-    checkpoint_every: int = 50  # steps between checkpoints; the last step is always saved
-    keep_checkpoints: int = 2
+    opponents: dict[str, Weight] = field(default_factory=lambda: {"self": 1.0})
+    checkpoint_every: AtLeastOne = 50  # steps between checkpoints; the last step is always saved
+    keep_checkpoints: AtLeastOne = 2
     rollout: RolloutConfig = RolloutConfig()
     advantages: AdvantageConfig = AdvantageConfig()
     learner: LearnerConfig = LearnerConfig()
     eval: EvalConfig = EvalConfig()
     league: LeagueConfig = LeagueConfig()
+
+    def __post_init__(self):
+        if self.rollout.games_per_step % self.advantages.group_size:
+            raise UserError("rollout.games_per_step must be a multiple of advantages.group_size.")
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConfig:
@@ -151,24 +240,115 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConf
     overrides applied; raises UserError naming the first bad key or value."""
     raw: dict[str, Any] = {}
     if path is not None:
-        try:
-            raw = yaml.safe_load(Path(path).read_text()) or {}
-        except OSError as err:
-            raise UserError(f"Cannot read config '{path}': {err.strerror}.") from None
-        except yaml.YAMLError as err:
-            raise UserError(f"Config '{path}' is not valid YAML: {err}") from None
+        raw = read_yaml(path, "config") or {}
         if not isinstance(raw, dict):
             raise UserError(f"Config '{path}' must be a mapping of keys to values.")
     for override in overrides:
         key, sep, value = override.partition("=")
         if not sep or not key:
             raise UserError(f"Override '{override}' must look like key=value, e.g. learner.lr=1e-5.")
-        _set_dotted(raw, key.strip(), yaml.safe_load(value) if value.strip() else None)
-    return _build(TrainConfig, raw, prefix="")
+        _set_dotted(raw, key.strip(), parse_yaml(value, f"Override '{override}'") if value.strip() else None)
+    return build_section(TrainConfig, raw, prefix="")
 
 
 def config_to_dict(config) -> dict:
     return dataclasses.asdict(config)
+
+
+def read_yaml(path: str | Path, what: str) -> Any:
+    """The YAML in the file at `path` (a `what`, for messages); raises UserError if the file cannot
+    be read, is larger than a config can be, is not UTF-8 text, or is not valid YAML."""
+    try:
+        with open(path, "rb") as file:
+            data = file.read(MAX_CONFIG_BYTES + 1)
+    except (OSError, ValueError) as err:  # ValueError: a path holding a NUL character
+        raise UserError(f"Cannot read {what} '{path}': {getattr(err, 'strerror', None) or err}.") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise UserError(f"The {what} '{path}' is larger than {MAX_CONFIG_BYTES >> 20} MiB: give a YAML file.")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UserError(f"The {what} '{path}' is not UTF-8 text (at byte {err.start}): give a YAML file.") from None
+    return parse_yaml(text, f"The {what} '{path}'")
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """The YAML document in `text`; raises UserError naming `source` and what is wrong where."""
+    try:
+        loader = _ConfigLoader(text)  # which refuses unprintable characters at once
+        try:
+            return loader.get_single_data()
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as err:
+        raise UserError(f"{source} is not valid YAML: {_yaml_problem(err)}.") from None
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing what a config never needs: a key given twice in one mapping
+    (YAML forbids it; the safe loader keeps the last), values nested deeper than MAX_YAML_DEPTH,
+    and aliases that expand the document beyond MAX_YAML_NODES values."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.depth = 0
+        self.expanded = 0  # values composed so far, each alias counting every value it stands for
+        self.sizes: dict[int, int] = {}  # a composed node's id -> its values, aliases expanded
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            anchored = self.anchors.get(event.anchor)
+            if anchored is not None:  # an unknown alias is the composer's own error
+                if id(anchored) not in self.sizes:
+                    raise yaml.composer.ComposerError(
+                        None, None, f"the alias *{event.anchor} lies inside its own anchor", event.start_mark
+                    )
+                self._count(self.sizes[id(anchored)], event)
+            return super().compose_node(parent, index)
+        if self.depth == MAX_YAML_DEPTH:
+            raise yaml.composer.ComposerError(
+                None, None, f"values nest more than {MAX_YAML_DEPTH} levels deep", event.start_mark
+            )
+        before = self.expanded
+        self._count(1, event)
+        self.depth += 1
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+        self.sizes[id(node)] = self.expanded - before
+        return node
+
+    def _count(self, values: int, event) -> None:
+        self.expanded += values
+        if self.expanded > MAX_YAML_NODES:
+            raise yaml.composer.ComposerError(
+                None, None, f"its aliases expand it beyond {MAX_YAML_NODES} values", event.start_mark
+            )
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                key = self.construct_object(key_node)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"the key '{key}' is given twice in one mapping", key_node.start_mark
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """A YAML error's problem and where it lies, in one line."""
+    if isinstance(err, yaml.reader.ReaderError):
+        return f"character #x{err.character:04x} at position {err.position} is not allowed"
+    if isinstance(err, yaml.MarkedYAMLError):
+        problem = ": ".join(part for part in (err.context, err.problem) if part)
+        mark = err.problem_mark or err.context_mark
+        return f"{problem} (line {mark.line + 1}, column {mark.column + 1})" if mark else problem
+    return " ".join(str(err).split())
 
 
 def _set_dotted(raw: dict, key: str, value: Any) -> None:
@@ -182,15 +362,17 @@ def _set_dotted(raw: dict, key: str, value: Any) -> None:
     node[leaf] = value
 
 
-def _build(cls, raw: Any, prefix: str):
+def build_section(cls, raw: Any, prefix: str = ""):
+    """The schema dataclass `cls` from the mapping `raw` (its keys under `prefix`): every value
+    converted and checked, defaults where `raw` is silent."""
     where = prefix.rstrip(".") or "the config"
     if not isinstance(raw, dict):
-        raise UserError(f"'{where}' must be a section of keys, got {raw!r}.")
+        raise UserError(f"'{where}' must be a section of keys, got {_shown(raw)}.")
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - set(fields))
+    unknown = sorted(set(raw) - set(fields), key=str)
     if unknown:
         raise UserError(f"Unknown config key '{prefix}{unknown[0]}'. Keys of {where}: {', '.join(fields)}.")
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     values = {name: _convert(hints[name], value, f"{prefix}{name}") for name, value in raw.items()}
     return cls(**values)
 
@@ -198,7 +380,7 @@ def _build(cls, raw: Any, prefix: str):
 def _convert(hint, value: Any, key: str):
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if dataclasses.is_dataclass(hint):
-        return _build(hint, value, prefix=f"{key}.")
+        return build_section(hint, value, prefix=f"{key}.")
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
@@ -206,41 +388,58 @@ def _convert(hint, value: Any, key: str):
         return _convert(inner, value, key)
     if origin is Literal:
         if value not in args:
-            raise UserError(f"Bad value for '{key}': {value!r}; choose one of {', '.join(map(str, args))}.")
+            raise UserError(f"Bad value for '{key}': {_shown(value)}; choose one of {', '.join(map(str, args))}.")
         return value
+    if origin is Annotated:
+        return _number(*args, value, key)
     if origin is list:
         items = [value] if isinstance(value, str) else value
         if not isinstance(items, list):
-            raise UserError(f"Bad value for '{key}': expected a list, got {value!r}.")
+            raise UserError(f"Bad value for '{key}': expected a list, got {_shown(value)}.")
         return [_convert(args[0], item, f"{key}[{i}]") for i, item in enumerate(items)]
     if origin is dict:
-        weights = args[1] is float  # a mapping of names to weights, such as `games`
-        if isinstance(value, list) and weights:  # a plain list of names weighs them equally
-            value = dict.fromkeys(value, 1.0)
+        weights = args[1] == Weight  # a mapping of names to weights, such as `games`
+        if isinstance(value, list) and weights and all(isinstance(name, str) for name in value):
+            twice = sorted({name for name in value if value.count(name) > 1})
+            if twice:
+                raise UserError(f"Bad value for '{key}': '{twice[0]}' is listed twice; give each name once.")
+            value = dict.fromkeys(value, 1.0)  # a plain list of names weighs them equally
         if not isinstance(value, dict) or (weights and not value):
-            raise UserError(f"Bad value for '{key}': expected a mapping such as {{name: weight}}, got {value!r}.")
+            raise UserError(f"Bad value for '{key}': expected a mapping such as {{name: weight}}, got {_shown(value)}.")
         converted = {_convert(args[0], k, key): _convert(args[1], v, f"{key}.{k}") for k, v in value.items()}
-        if weights and (any(v < 0 for v in converted.values()) or sum(converted.values()) <= 0):
-            raise UserError(f"Bad value for '{key}': weights must be non-negative with a positive sum.")
+        if weights and sum(converted.values()) <= 0:
+            raise UserError(f"Bad value for '{key}': the weights must have a positive sum.")
         return converted
     if hint is bool:
         if not isinstance(value, bool):
-            raise UserError(f"Bad value for '{key}': expected true or false, got {value!r}.")
+            raise UserError(f"Bad value for '{key}': expected true or false, got {_shown(value)}.")
         return value
     if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise UserError(f"Bad value for '{key}': expected a whole number >= 0, got {value!r}.")
-        return value
-    if hint is float:
-        try:
-            number = float(value)  # YAML reads 1e-5 (no dot) as a string
-        except (TypeError, ValueError):
-            raise UserError(f"Bad value for '{key}': expected a number, got {value!r}.") from None
-        if isinstance(value, bool) or number != number:
-            raise UserError(f"Bad value for '{key}': expected a number, got {value!r}.")
-        return number
+        return _number(int, Bounds(0, MAX_COUNT), value, key)
     if hint is str:
         if not isinstance(value, str) or not value:
-            raise UserError(f"Bad value for '{key}': expected text, got {value!r}.")
+            raise UserError(f"Bad value for '{key}': expected text, got {_shown(value)}.")
         return value
     raise TypeError(f"config field '{key}' has a type the loader does not handle: {hint}")
+
+
+def _number(kind: type, bounds: Bounds, value: Any, key: str) -> int | float:
+    """`value` as a whole number (`kind` int) or a finite number (float) within `bounds`."""
+    if kind is int:
+        number = value if isinstance(value, int) and not isinstance(value, bool) else None
+    else:
+        try:
+            number = float(value)  # YAML reads 1e-5 (no dot) as a string
+        except (TypeError, ValueError, OverflowError):
+            number = None
+        if isinstance(value, bool) or (number is not None and not math.isfinite(number)):
+            number = None
+    if number is None or number not in bounds:
+        expected = "a whole number" if kind is int else "a number"
+        raise UserError(f"Bad value for '{key}': expected {expected} {bounds}, got {_shown(value)}.")
+    return number
+
+
+def _shown(value: Any) -> str:
+    """`value` for a message, abridged."""
+    return reprlib.repr(value)

@@ -20,6 +20,8 @@ import random
 from collections.abc import Iterator
 from pathlib import Path
 
+from selfplay.errors import UserError
+
 DEFAULT_MODEL = "default"
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHATML_TEMPLATE = (
@@ -50,8 +52,10 @@ def default_model_dir() -> Path:
 
 
 def resolve_model(name_or_path: str) -> str:
-    """A loadable model name or path; `default` is built on first use (a few minutes, once)."""
+    """A loadable model name or path; `default` is built on first use (a few minutes, once).
+    Raises UserError, before anything loads the model, if there is no such model."""
     if name_or_path != DEFAULT_MODEL:
+        _check_model(name_or_path)
         return name_or_path
     path = default_model_dir()
     if not is_current_build(path):
@@ -61,6 +65,28 @@ def resolve_model(name_or_path: str) -> str:
 
                 build_default_model(path)
     return str(path)
+
+
+def _check_model(name_or_path: str) -> None:
+    """That `name_or_path` is a model directory, or a model the Hugging Face hub (or its local
+    cache) holds: that its configuration loads."""
+    from transformers import AutoConfig
+
+    path = Path(name_or_path)
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise UserError(
+            f"'{name_or_path}' is a directory but not a model: it has no config.json. Give a model directory "
+            "(a run's are its checkpoints/step-N), a model name the hub serves, or default."
+        )
+    try:
+        AutoConfig.from_pretrained(name_or_path)
+    except (OSError, ValueError) as err:
+        if path.is_dir():
+            raise UserError(f"Cannot read the model in '{name_or_path}': {' '.join(str(err).split())}") from None
+        raise UserError(
+            f"No model '{name_or_path}': it is not a model directory, and neither the Hugging Face hub nor its "
+            "cache here has a model of that name. Give a model directory, a model name the hub serves, or default."
+        ) from None
 
 
 def is_current_build(path: Path) -> bool:

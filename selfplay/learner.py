@@ -40,6 +40,10 @@ from selfplay.legal_decoding import Choices
 from selfplay.scoring import autocast, response_logprobs, response_logprobs_and_entropy
 
 
+class NonFiniteUpdate(UserError):
+    """An update whose loss, gradient or resulting weights are not finite numbers."""
+
+
 @dataclass(frozen=True)
 class Sample:
     """One turn to learn from."""
@@ -190,17 +194,19 @@ class Learner:
             if config.importance_clip is not None:
                 sums["ratio_clipped"] += (ratio_to_sampler > config.importance_clip).sum().item()
             tokens += len(logp)
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            [p for p in self.model.parameters() if p.requires_grad], config.max_grad_norm
-        )
+        trainable = self.optimizer.param_groups[0]["params"]
+        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
         if not torch.isfinite(grad_norm):  # one such step would make every weight NaN
             self.optimizer.zero_grad(set_to_none=True)
-            raise UserError(
-                f"The learner's gradient is not finite (norm {grad_norm.item()}), so the update was not applied. "
-                "Lower learner.lr or use learner.precision=fp32, then continue from the last checkpoint "
-                "with --resume."
+            raise NonFiniteUpdate(
+                f"The learner's loss or gradient is not finite (gradient norm {grad_norm.item()}), so the update "
+                "was not applied: lower learner.lr, or use learner.precision=fp32."
             )
         self.optimizer.step()
+        if not torch.stack([p.detach().isfinite().all() for p in trainable]).all():
+            raise NonFiniteUpdate(
+                "The learner's update made some weights infinite or NaN, so its weights are lost: lower learner.lr."
+            )
         loss = sums.pop("loss")
         stats = {name: value / tokens for name, value in sums.items()}
         stats.update(loss=loss, ratio_max=ratio_max, grad_norm=float(grad_norm))

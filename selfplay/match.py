@@ -60,8 +60,9 @@ def load_policy(model: str, backend: str = "hf") -> PolicyBackend:
     try:
         return make_backend(backend, resolve_model(model))
     except OSError as err:
+        reason = " ".join(str(err).split())
         raise UserError(
-            f"Cannot load model '{model}': {err}. Give a Hugging Face model directory, a model name "
+            f"Cannot load model '{model}': {reason}. Give a Hugging Face model directory, a model name "
             f"the hub can serve, or 'default' for the built-in model."
         ) from None
 

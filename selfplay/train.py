@@ -42,7 +42,7 @@ from selfplay.league.manager import League, ScheduledMatch, initial_players, rol
 from selfplay.league.matchmaking import SELF, is_fixed, rule_error, schedule_matches
 from selfplay.league.population import snapshot_name
 from selfplay.league.store import LEAGUE_FILE, LeagueStore
-from selfplay.learner import Learner, Sample, scheduled_lr
+from selfplay.learner import Learner, NonFiniteUpdate, Sample, scheduled_lr
 from selfplay.records import Trajectory
 from selfplay.roles.base import advantage_key
 from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
@@ -52,7 +52,6 @@ MAIN = "main"
 CONFIG_FILE = "config.yaml"
 SNAPSHOTS_DIR = "league/snapshots"
 EXPLOITERS_DIR = "league/exploiters"
-GROUPED_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
 # Steps in a row in which every answer was invalid before a run warns that it has collapsed.
 COLLAPSE_STEPS = 10
 
@@ -87,25 +86,13 @@ def validate(config: TrainConfig) -> None:
         twin = make_game(game)
         for spec in fixed:
             make_agent(spec, twin, seed=0)
-    league = config.league
     roles = {role for game in config.games for role in roles_of(game)}
-    for role in league.role_opponents:
+    for role in config.league.role_opponents:
         if role not in roles:
             raise UserError(
                 f"league.role_opponents names the role '{role}', which no game of this run has; its games' roles: "
                 f"{', '.join(sorted(roles))}."
             )
-    learning_players = 1 + league.main_exploiters + league.league_exploiters
-    if league.enabled and 0 < league.population_cap < learning_players:
-        raise UserError(
-            f"league.population_cap={league.population_cap} is below the {learning_players} learning players, "
-            "each of whose newest snapshot stays: raise it, or set 0 for no cap."
-        )
-    if config.advantages.estimator in GROUPED_ESTIMATORS and config.advantages.group_size < 2:
-        raise UserError(
-            f"advantages.estimator={config.advantages.estimator} compares plays of the same game start: "
-            "set advantages.group_size to 2 or more."
-        )
     if config.rollout.decoding == "legal":
         free_text = [game for game in config.games if not make_game(game).lists_every_move]
         if free_text:
@@ -113,35 +100,25 @@ def validate(config: TrainConfig) -> None:
                 f"rollout.decoding=legal writes only listed legal moves, but {', '.join(free_text)} take free text: "
                 "train those games with rollout.decoding=free."
             )
-        if config.rollout.top_p < 1:
-            raise UserError("rollout.top_p applies to free decoding only: with rollout.decoding=legal leave it at 1.")
-    for name in ("games_per_step", "concurrency", "max_new_tokens"):
-        if getattr(config.rollout, name) < 1:
-            raise UserError(f"rollout.{name} must be at least 1.")
-    if not 0 < config.advantages.turn_discount <= 1:
-        raise UserError(f"advantages.turn_discount must lie in (0, 1], got {config.advantages.turn_discount}.")
-    state_prior = config.advantages.state_prior
-    if state_prior is not None and (config.advantages.estimator != "rae" or state_prior < 0):
-        raise UserError(
-            f"advantages.state_prior={state_prior} needs advantages.estimator=rae and a value of at least 0; "
-            "set it to null otherwise."
-        )
-    if config.rollout.games_per_step % config.advantages.group_size:
-        raise UserError("rollout.games_per_step must be a multiple of advantages.group_size.")
-    if config.learner.reference_update_every:
-        if config.learner.reference_update_every < 0:
-            raise UserError("learner.reference_update_every must be 0 (never) or a number of steps.")
-        if config.learner.kl_coef <= 0 or config.learner.lora.rank > 0:
-            raise UserError(
-                "learner.reference_update_every moves the KL reference of a full fine-tune: set learner.kl_coef "
-                "above 0 and learner.lora.rank=0, or set learner.reference_update_every=0."
-            )
-    if config.learner.epochs < 1 or config.learner.minibatches < 1:
-        raise UserError("learner.epochs and learner.minibatches must be at least 1.")
     if config.eval.every:
-        if config.eval.episodes < 1:
-            raise UserError("eval.episodes must be at least 1.")
         eval_pairings(config)
+    check_device(config.device)
+
+
+def check_device(device: str | None) -> None:
+    """That torch knows `device` and that this machine has it."""
+    if device is None:
+        return
+    try:
+        kind = torch.device(device)
+    except RuntimeError:
+        raise UserError(f"Bad value for 'device': '{device}' is not a torch device; use cpu, cuda or cuda:N.") from None
+    backend = getattr(torch, kind.type, None)  # torch.cuda, torch.mps, torch.xpu, torch.cpu
+    if not (hasattr(backend, "is_available") and backend.is_available()):
+        raise UserError(f"Bad value for 'device': this machine has no {kind.type} device that torch can use.")
+    count = backend.device_count()
+    if kind.type != "cpu" and kind.index is not None and kind.index >= count:
+        raise UserError(f"Bad value for 'device': {device}, but this machine has {count} {kind.type} devices.")
 
 
 def eval_pairings(config: TrainConfig) -> dict[str, list[str]]:
@@ -245,13 +222,12 @@ class Trainer:
                 f"{self.run_dir}`, or choose another run_dir."
             )
         self.step = checkpoint_step(checkpoint) if checkpoint else 0
-        if checkpoint is None:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / CONFIG_FILE).write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
         self.games = {spec: make_game(spec) for spec in config.games}  # asked for their own figures each step
         self.shared_base = None  # the initial model under the exploiters' adapters, once needed
         main = self._learning_player(MAIN, config.learner, checkpoint)
         self.players: dict[str, LearningPlayer] = {MAIN: main}
+        if checkpoint is None:  # once the model has loaded: a run that cannot start leaves no directory
+            start_run_dir(self.run_dir, config)
         warn_if_bf16_emulated(
             {  # a backend that does not say its device (vLLM) is not checked
                 "learner.precision": (config.learner.precision, main.learner.device),
@@ -409,7 +385,10 @@ class Trainer:
         try:
             while self.step < self.config.steps:
                 self.step += 1
-                metrics = self.train_step()
+                try:
+                    metrics = self.train_step()
+                except NonFiniteUpdate as err:  # before the poisoned weights reach a checkpoint
+                    raise UserError(f"Training stopped at step {self.step}. {err} {self._restart_hint()}") from None
                 if self.config.eval.every and self.step % self.config.eval.every == 0:
                     metrics.update(self.evaluate())
                 self._log(metrics)
@@ -436,6 +415,15 @@ class Trainer:
             if self.league is not None:
                 self.league.store.close()
         return metrics
+
+    def _restart_hint(self) -> str:
+        saved = list_checkpoints(self.run_dir)
+        if not saved:
+            return "The run had saved no checkpoint: start it again with a lower learner.lr."
+        return (
+            f"Its last checkpoint, step {checkpoint_step(saved[-1])}, is kept: continue from it with "
+            f"`selfplay train --resume {self.run_dir} learner.lr=LOWER`."
+        )
 
     def train_step(self) -> dict[str, float]:
         config = self.config
@@ -555,6 +543,15 @@ class Trainer:
             if math.isfinite(value):
                 self.writer.add_scalar(name, value, self.step)
         self.writer.flush()
+
+
+def start_run_dir(run_dir: Path, config: TrainConfig) -> None:
+    """Make the run directory and write the run's config there."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / CONFIG_FILE).write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
+    except OSError as err:
+        raise UserError(f"Cannot make the run directory '{run_dir}': {err.strerror}. Choose another run_dir.") from None
 
 
 def collapse_warning(step: int, run_dir: Path) -> str:

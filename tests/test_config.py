@@ -38,7 +38,27 @@ def test_defaults_overrides_and_nested_sections(tmp_path):
         ("steps=two", "Bad value for 'steps'"),
         ("rollout.temperature=warm", "Bad value for 'rollout.temperature'"),
         ("games={}", "Bad value for 'games'"),
-        ("games={tictactoe: -1}", "Bad value for 'games'"),
+        ("games={tictactoe: -1}", "Bad value for 'games.tictactoe': expected a number from 0 to"),
+        ("games=[tictactoe, tictactoe]", "'tictactoe' is listed twice"),
+        ("learner.lr=inf", "Bad value for 'learner.lr': expected a number from 0 to 1, got 'inf'"),
+        ("learner.lr=.nan", "Bad value for 'learner.lr'"),
+        ("learner.lr=-1", "Bad value for 'learner.lr'"),
+        ("learner.lr=1e999", "Bad value for 'learner.lr'"),
+        ("learner.clip=-1", "Bad value for 'learner.clip': expected a number above 0"),
+        ("learner.micro_batch_tokens=0", "Bad value for 'learner.micro_batch_tokens': expected a whole number from 1"),
+        ("rollout.temperature=-1", "Bad value for 'rollout.temperature': expected a number at least 0"),
+        ("rollout.top_p=0", "Bad value for 'rollout.top_p': expected a number above 0 and at most 1"),
+        ("rollout.max_turns=0", "Bad value for 'rollout.max_turns'"),
+        ("checkpoint_every=0", "Bad value for 'checkpoint_every'"),
+        ("steps=18446744073709551616", "Bad value for 'steps': expected a whole number from 1 to 2147483647"),
+        ("seed=-1", "Bad value for 'seed': expected a whole number from 0 to 4294967295"),
+        ("max_minutes=0", "Bad value for 'max_minutes'"),
+        ("eval.episodes=0", "Bad value for 'eval.episodes'"),
+        ("learner.lora.target_modules=[]", "target_modules must name at least one module"),
+        ("steps=[1", r"Override 'steps=\[1' is not valid YAML: .* \(line 1, column 3\)"),
+        ("games={a: 1, a: 2}", "the key 'a' is given twice in one mapping"),
+        ("steps=&a [*a]", r"the alias \*a lies inside its own anchor"),
+        ("steps=" + "[" * 40 + "]" * 40, "values nest more than 32 levels deep"),
         ("learner=3", "'learner' must be a section"),
         ("learner.lr.x=3", "Bad value for 'learner.lr'"),
         ("nonsense", "must look like key=value"),
@@ -56,18 +76,74 @@ def test_bad_keys_and_values_are_named(override, message):
         (["games={chess: 1}"], "Unknown game 'chess'"),
         (["opponents={self: 1, grandmaster: 1}"], "Unknown agent 'grandmaster'"),
         (["games={negotiation: 1}", "opponents={mcts: 1}"], "mcts"),
+        (["device=tpu"], "Bad value for 'device': 'tpu' is not a torch device"),
+        (["device=meta"], "this machine has no meta device"),
+    ],
+)
+def test_what_needs_the_registries_is_checked_before_work(overrides, message):
+    config = load_config(None, overrides)
+    with pytest.raises(UserError, match=message):
+        validate(config)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
         (["advantages.estimator=grpo"], "group_size"),
         (["advantages.group_size=3"], "multiple of advantages.group_size"),
-        (["advantages.turn_discount=0"], r"turn_discount must lie in \(0, 1\]"),
-        (["advantages.state_prior=-1"], "state_prior=-1.0 needs advantages.estimator=rae and a value of at least 0"),
+        (["advantages.turn_discount=0"], r"'advantages.turn_discount': expected a number above 0 and at most 1"),
+        (["advantages.state_prior=-1"], "'advantages.state_prior': expected a number at least 0, got -1"),
         (["advantages.estimator=trr++", "advantages.state_prior=4"], "state_prior=4.0 needs advantages.estimator=rae"),
         (["learner.reference_update_every=10"], "set learner.kl_coef above 0"),
         (["learner.kl_coef=0.1", "learner.reference_update_every=10", "learner.lora.rank=4"], "lora.rank=0"),
+        (["rollout.decoding=legal", "rollout.top_p=0.9"], "rollout.top_p applies to free decoding only"),
+        (
+            ["league.enabled=true", "league.main_exploiters=2", "league.population_cap=2"],
+            "population_cap=2 is below the 3 learning players",
+        ),
     ],
 )
-def test_semantic_errors_are_caught_before_work(overrides, message):
+def test_settings_that_do_not_fit_together_are_refused_by_the_schema(overrides, message):
     with pytest.raises(UserError, match=message):
-        validate(load_config(None, overrides))
+        load_config(None, overrides)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"\xff\xfe\x00steps: 3", "is not UTF-8 text"),
+        (b"steps: 3\x00\n", "character #x0000 at position 8 is not allowed"),
+        (b"steps: 3\nlearner: {lr: 1.0e-4}\nsteps: 4\n", r"the key 'steps' is given twice in one mapping \(line 3"),
+        (b"learner:\n  lr: 1.0e-4\n  lr: 1.0e-3\n", "the key 'lr' is given twice"),
+        (b"steps: [\n", "is not valid YAML"),
+        (b"a: &a [*a]\n", "lies inside its own anchor"),
+        (b"# a comment\n" * 100_000, "is larger than 1 MiB"),
+    ],
+)
+def test_a_config_file_that_is_not_a_small_yaml_mapping_is_named(tmp_path, content, message):
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(content)
+    with pytest.raises(UserError, match=message):
+        load_config(path)
+
+
+def test_yaml_aliases_may_share_values_but_not_expand_without_bound(tmp_path):
+    shared = tmp_path / "shared.yaml"
+    shared.write_text("opponents: &mix {self: 1, random: 1}\nleague: {role_opponents: {a: *mix, b: *mix}}\n")
+    assert load_config(shared).league.role_opponents == {
+        "a": {"self": 1.0, "random": 1.0},
+        "b": {"self": 1.0, "random": 1.0},
+    }
+    merged = tmp_path / "merged.yaml"
+    merged.write_text("learner:\n  <<: {lr: 1.0e-3, clip: 0.1}\n  lr: 1.0e-4\n")  # a merge key may be overridden
+    assert (load_config(merged).learner.lr, load_config(merged).learner.clip) == (1e-4, 0.1)
+    # "Billion laughs": nine levels of nine aliases each would expand to 387 million values.
+    levels = ["l0: &l0 [x, x, x, x, x, x, x, x, x]"]
+    levels += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(levels) + "\n")
+    with pytest.raises(UserError, match="its aliases expand it beyond 10000 values"):
+        load_config(bomb)
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])

@@ -13,7 +13,7 @@ from selfplay.backends.hf_backend import HFBackend
 from selfplay.config import LearnerConfig, LoraConfig
 from selfplay.errors import UserError
 from selfplay.games import make_env
-from selfplay.learner import Learner, Sample, scheduled_lr
+from selfplay.learner import Learner, NonFiniteUpdate, Sample, scheduled_lr
 from selfplay.prompts import opening_messages, prompt_ids
 from selfplay.scoring import response_logprobs
 
@@ -182,6 +182,13 @@ def test_a_non_finite_gradient_is_refused_and_leaves_the_weights_as_they_were(ti
         learner.update([sampled(learner, prompt, [5, 6, 7], math.nan)])
     assert all(torch.equal(before[k], v) for k, v in learner.model.state_dict().items())
     assert math.isfinite(learner.update([sampled(learner, prompt, [5, 6, 7], 1.0)])["loss"])
+
+
+def test_an_update_that_makes_weights_non_finite_is_refused(tiny_model_dir, prompt):
+    # The schema keeps learner.lr within [0, 1]; built directly, a learner takes any rate.
+    learner = Learner(str(tiny_model_dir), LearnerConfig(lr=math.inf), seed=0)
+    with pytest.raises(NonFiniteUpdate, match="made some weights infinite or NaN"):
+        learner.update([sampled(learner, prompt, [5, 6, 7], 1.0)])
 
 
 def test_lora_learners_share_one_frozen_base_and_generate_from_it(tiny_model_dir, prompt, tmp_path):

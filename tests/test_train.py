@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 import shutil
 import signal
@@ -16,8 +18,10 @@ from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from selfplay.checkpoint import list_checkpoints
+from selfplay.cli import main
 from selfplay.config import load_config
 from selfplay.errors import UserError
+from selfplay.learner import Learner
 from selfplay.train import COLLAPSE_STEPS, Trainer, step_matches, train_command
 
 TINY = [
@@ -156,6 +160,64 @@ def test_a_run_whose_every_answer_is_invalid_warns_once_that_it_has_collapsed(ti
     out = capsys.readouterr().out
     assert out.count("warning") == 1
     assert f"steps 1-{COLLAPSE_STEPS} was invalid" in out and "learner.lr" in out and "learner.kl_coef" in out
+
+
+def test_a_run_stops_at_its_first_non_finite_update_and_keeps_its_last_good_checkpoint(
+    tiny_model_dir, tmp_path, monkeypatch, capsys
+):
+    run_dir = tmp_path / "run"
+    update, updates = Learner.update, []
+
+    def update_with_nan_advantages_from_step_2(learner, samples, lr=None):
+        updates.append(len(samples))
+        if len(updates) >= 2:
+            samples = [dataclasses.replace(sample, advantage=math.nan) for sample in samples]
+        return update(learner, samples, lr)
+
+    monkeypatch.setattr(Learner, "update", update_with_nan_advantages_from_step_2)
+    args = ["train", "--no-progress", *TINY, "steps=4", f"model={tiny_model_dir}", f"run_dir={run_dir}"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("selfplay: error: Training stopped at step 2.")
+    assert (
+        "gradient is not finite" in err
+        and f"step 1, is kept: continue from it with `selfplay train --resume {run_dir}" in err
+    )
+    assert len(updates) == 2 and [p.name for p in list_checkpoints(run_dir)] == ["step-000001"]
+    for weights in (
+        run_dir / "checkpoints" / "step-000001" / "model.safetensors",
+        run_dir / "sync" / "main.safetensors",
+    ):
+        assert all(torch.isfinite(tensor).all() for tensor in load_file(str(weights)).values())
+
+
+def test_a_run_that_cannot_start_leaves_no_run_directory(tiny_model_dir, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    for bad, message in [
+        ("model=/nonexistent", "No model '/nonexistent'"),
+        (f"model={tmp_path}", "is a directory but not a model: it has no config.json"),
+        ("device=cuda:9" if not torch.cuda.is_available() else "device=cuda:99", "Bad value for 'device'"),
+        ("device=tpu", "'tpu' is not a torch device"),
+    ]:
+        assert main(["train", "--no-progress", *TINY, f"model={tiny_model_dir}", bad, f"run_dir={run_dir}"]) == 2
+        assert message in capsys.readouterr().err
+        assert not run_dir.exists()
+    (tmp_path / "file").write_text("")
+    assert (
+        main(["train", "--no-progress", *TINY, f"model={tiny_model_dir}", f"run_dir={tmp_path / 'file' / 'run'}"]) == 2
+    )
+    assert "Cannot make the run directory" in capsys.readouterr().err
+
+
+def test_a_new_run_may_reuse_the_directory_of_one_that_stopped_before_its_first_checkpoint(tiny_model_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    common = [*TINY, "steps=1", f"model={tiny_model_dir}", f"run_dir={run_dir}"]
+    trainer = Trainer(load_config(None, common), progress=False)
+    trainer.writer.close()  # stopped (killed, or a non-finite update) before any step was saved
+    assert (run_dir / "config.yaml").exists() and not list_checkpoints(run_dir)
+    Trainer(load_config(None, [*common, "seed=1"]), progress=False).run()
+    assert load_config(run_dir / "config.yaml").seed == 1
+    assert [p.name for p in list_checkpoints(run_dir)] == ["step-000001"]
 
 
 def test_a_killed_run_resumes_from_its_last_checkpoint(tiny_model_dir, tmp_path):
