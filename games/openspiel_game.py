@@ -23,7 +23,17 @@ class OpenSpielGame(TextGame):
     """Any two-player, turn-based OpenSpiel game, rendered from OpenSpiel's own strings."""
 
     def __init__(self, name: str, **params):
+        # Checked here, as OpenSpiel prints to the terminal whatever it refuses (every game's name).
+        if name not in pyspiel.registered_names():
+            raise UserError(f"OpenSpiel has no game '{name}' (pyspiel.registered_names() lists its games).")
         try:
+            known = pyspiel.load_game(name).get_parameters() if params else {}
+            unknown = sorted(set(params) - set(known))
+            if unknown:
+                raise UserError(
+                    f"OpenSpiel game '{name}' has no parameter '{unknown[0]}'; its parameters: "
+                    f"{', '.join(known) or 'none'}."
+                )
             self.spiel_game = pyspiel.load_game(name, params)
         except pyspiel.SpielError as err:
             raise UserError(f"OpenSpiel cannot load '{name}' with {params}: {err}") from None

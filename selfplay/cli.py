@@ -101,10 +101,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         exploitability=not args.no_exploitability,
     )
     candidates = find_candidates(args.checkpoints)
-    try:  # before the evaluation, which a report that cannot be written would lose
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise UserError(f"Cannot make '{args.out}': {err.strerror}. Choose another --out directory.") from None
+    _make_output_dir(args.out, "--out")  # before the evaluation, which a report that cannot be written would lose
     results = evaluate(candidates, settings, progress=not args.no_progress)
     report = write_report(results, args.out)
     print(f"Wrote {report} and {report.parent / RESULTS_FILE}.")
@@ -120,6 +117,8 @@ def _cmd_league_show(args: argparse.Namespace) -> int:
     if not config_path.exists():
         raise UserError(f"'{args.run_dir}' is not a run directory: it has no {CONFIG_FILE}.")
     config = load_config(config_path)
+    if args.csv is not None:
+        _make_output_dir(args.csv, "--csv")
     print(show(args.run_dir, config.league.payoff_decay, args.csv))
     if args.meta:
         from selfplay.league.standings import league_meta_strategy
@@ -143,6 +142,13 @@ def _cmd_games_list(args: argparse.Namespace) -> int:
         f"\nPackages add games through the '{ENTRY_POINT_GROUP}' entry-point group."
     )
     return 0
+
+
+def _make_output_dir(path: str, option: str) -> None:
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"Cannot make the directory '{path}': {err.strerror}. Choose another {option}.") from None
 
 
 def _number(kind: type, bounds: Bounds):

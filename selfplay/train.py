@@ -212,7 +212,6 @@ class Trainer:
         self.eval_pairings = eval_pairings(config) if config.eval.every else {}
         self.run_dir = Path(config.run_dir)
         self.progress = progress
-        self.model_path = resolve_model(config.model)
         checkpoint = None
         if resume:
             checkpoint = latest_checkpoint(self.run_dir)
@@ -221,6 +220,7 @@ class Trainer:
                 f"'{self.run_dir}' already holds checkpoints. Continue it with `selfplay train --resume "
                 f"{self.run_dir}`, or choose another run_dir."
             )
+        self.model_path = resolve_model(config.model)
         self.step = checkpoint_step(checkpoint) if checkpoint else 0
         self.games = {spec: make_game(spec) for spec in config.games}  # asked for their own figures each step
         self.shared_base = None  # the initial model under the exploiters' adapters, once needed

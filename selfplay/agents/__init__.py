@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from selfplay.agents.base import Agent, IncompatibleAgentError
+from selfplay.config import MAX_COUNT
 from selfplay.errors import UserError
 from selfplay.games import TextGame
 
@@ -67,8 +68,10 @@ def _no_argument(name: str, arg: str | None) -> None:
 def _positive_int(name: str, arg: str | None, default: int) -> int:
     if arg is None:
         return default
-    if not arg.isdigit() or int(arg) == 0:
-        raise UnknownAgentError(f"'{name}:{arg}': the number after '{name}:' must be a positive integer.")
+    if not (arg.isascii() and arg.isdigit() and len(arg) <= len(str(MAX_COUNT)) and 1 <= int(arg) <= MAX_COUNT):
+        raise UnknownAgentError(
+            f"'{name}:{arg}': the number after '{name}:' must be a whole number from 1 to {MAX_COUNT}."
+        )
     return int(arg)
 
 
