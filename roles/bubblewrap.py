@@ -68,7 +68,7 @@ class Jail:
         return [
             "bwrap",
             *("--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"),
-            *("--unshare-cgroup", "--disable-userns", "--die-with-parent", "--new-session", "--cap-drop", "ALL"),
+            *("--unshare-cgroup-try", "--disable-userns", "--die-with-parent", "--new-session", "--cap-drop", "ALL"),
             *("--uid", str(NOBODY), "--gid", str(NOBODY), "--hostname", "sandbox"),
             *("--ro-bind", str(self.root), "/"),
             *("--dev-bind", "/dev/null", "/dev/null"),
@@ -129,16 +129,19 @@ def _build_root(banned_modules: frozenset[str]) -> Path:
     excluded = (_UNNEEDED | set(banned_modules)) - _RUNNER_MODULES
     stdlib = Path(sysconfig.get_paths()["stdlib"]).resolve()
     extensions = []
-    for path in stdlib.rglob("*"):
-        parts = path.relative_to(stdlib).parts
-        module = path.name if parts[0] in ("__pycache__", "lib-dynload") else parts[0]
-        if path.is_dir() or module.partition(".")[0] in excluded or ".opt-" in path.name:
-            continue
-        if parts[0] == "lib-dynload":
-            extensions.append(path)
-        elif path.suffix not in (".py", ".pyc"):
-            continue
-        _place(root, path)
+    for folder, subfolders, files in os.walk(stdlib):
+        top = Path(folder) == stdlib
+        if top:  # packages are excluded whole, by name
+            subfolders[:] = [d for d in subfolders if d not in excluded]
+        for name in files:
+            if name.partition(".")[0] in excluded and (top or Path(folder).name in ("__pycache__", "lib-dynload")):
+                continue
+            path = Path(folder) / name
+            if path.parent.name == "lib-dynload":
+                extensions.append(path)
+            elif path.suffix not in (".py", ".pyc") or ".opt-" in name:
+                continue
+            _place(root, path)
     python = Path(_real_executable())
     _place(root, python)
     for library in _shared_libraries([python, *extensions]):
