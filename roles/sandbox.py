@@ -81,6 +81,10 @@ class SandboxLimits:
         if min(self.cpu_seconds, self.wall_seconds, self.memory_mb, self.open_files) <= 0:
             raise UserError(f"Sandbox limits must be positive, not {self}.")
 
+    def arguments(self) -> list[str]:
+        """The kernel limits as LIMITS_PRELUDE reads them from argv[1:4]."""
+        return [str(math.ceil(self.cpu_seconds)), str(self.memory_mb * 2**20), str(self.open_files)]
+
 
 @dataclass(frozen=True)
 class SandboxResult:
@@ -91,21 +95,26 @@ class SandboxResult:
 
 DEFAULT_LIMITS = SandboxLimits()
 
-# The program the child runs. It imports only what it needs before the hook goes in, so that nothing
-# dangerous is loaded already when the task starts; it is a string because the child cannot import
-# this package (`-I -S` leaves site-packages off its path).
-_RUNNER = r'''
-# importlib.machinery and threading are not used here: they are loaded now so that allowed modules that
-# import them (dataclasses, queue, logging) still work, as loading a banned module later is refused.
+# The first lines of every program run in the sandbox, with argv[1:4] the CPU seconds, address-space
+# bytes and open descriptors: the limits go on before anything else runs, and cannot be raised again.
+LIMITS_PRELUDE = r"""
 import resource
 import sys
 
-# The limits go on before anything else runs, and the task cannot raise them again.
 for _which, _value in zip(("RLIMIT_CPU", "RLIMIT_AS", "RLIMIT_NOFILE"), map(int, sys.argv[1:4])):
     resource.setrlimit(getattr(resource, _which), (_value, _value + 1 if _which == "RLIMIT_CPU" else _value))
 for _which in ("RLIMIT_FSIZE", "RLIMIT_CORE", "RLIMIT_NPROC"):  # no bytes written, no core dumps, no new tasks
     resource.setrlimit(getattr(resource, _which), (0, 0))
+"""
 
+# The program the child runs. It imports only what it needs before the hook goes in, so that nothing
+# dangerous is loaded already when the task starts; it is a string because the child cannot import
+# this package (`-I -S` leaves site-packages off its path).
+_RUNNER = (
+    LIMITS_PRELUDE
+    + r'''
+# importlib.machinery and threading are not used here: they are loaded now so that allowed modules that
+# import them (dataclasses, queue, logging) still work, as loading a banned module later is refused.
 import ast
 import importlib.machinery  # noqa: F401
 import json
@@ -323,6 +332,7 @@ def main():
 
 main()
 '''
+)
 
 
 class Sandbox:
@@ -395,8 +405,7 @@ class Sandbox:
 
     def _execute(self, task: bytes) -> tuple[int, bytes, bytes, str | None]:
         """Start the runner, jailed (or, unsafe, in a temporary working directory), and talk to it."""
-        limits = [str(math.ceil(self.limits.cpu_seconds)), str(self.limits.memory_mb * 2**20)]
-        limits.append(str(self.limits.open_files))
+        limits = self.limits.arguments()
         if self.jail is None:
             with tempfile.TemporaryDirectory(prefix="sandbox-", ignore_cleanup_errors=True) as workdir:
                 command = [sys.executable, "-I", "-S", "-c", _RUNNER, *limits]
