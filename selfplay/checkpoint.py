@@ -81,9 +81,9 @@ def save_checkpoint(
         shutil.rmtree(scratch, ignore_errors=True)
         raise UserError(
             f"Could not write the checkpoint '{final}': {err} (the disk holding it has "
-            f"{shutil.disk_usage(root).free / 2**30:.2f} GiB free). The partial checkpoint was removed and the "
-            "run stopped; its last checkpoint is intact. Free space on that disk (or lower keep_checkpoints), "
-            f"then continue with `selfplay train --resume {run_dir}`."
+            f"{shutil.disk_usage(root).free / 2**30:.2f} GiB free). The run stopped; the partial checkpoint was "
+            "removed and the earlier ones are intact. Free space on that disk (or lower keep_checkpoints), then "
+            f"continue with `selfplay train --resume {run_dir}`."
         ) from None
     if final.exists():  # a re-run of a step after a resume
         _discard(final)
@@ -114,7 +114,7 @@ def latest_checkpoint(run_dir: str | Path) -> Path:
     for path in reversed(checkpoints):
         problem = checkpoint_problem(path)
         if problem is None:
-            checkpoint_step(path)
+            checkpoint_step(path)  # refuses a copied or renamed checkpoint
             return path
         print(
             f"warning: checkpoint '{path}' is damaged ({problem}); using the newest whole checkpoint before it. "

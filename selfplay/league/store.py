@@ -137,7 +137,7 @@ class LeagueStore:
         """The matches of steps `since_step` and later (all of them by default), in the order
         they were recorded."""
         rows = self._db.execute(f"SELECT id, {_MATCH_COLUMNS} FROM matches WHERE step >= ? ORDER BY id", (since_step,))
-        return [self._match(*row) for row in rows]
+        return [self._match(row) for row in rows]
 
     def ratings(self) -> list[tuple[int, str, float, float]]:
         """Every recorded rating as (step, player, mu, sigma), in the order they were recorded."""
@@ -182,9 +182,9 @@ class LeagueStore:
                 self._db.execute("ROLLBACK")
             raise
 
-    def _match(self, row_id: int, step: int, game: str, seed: int, *encoded: str) -> LeagueMatch:
-        """A match from its row; a row no `record_step` could have written raises UserError."""
-        *seats, end_reason = encoded
+    def _match(self, row: tuple) -> LeagueMatch:
+        """A match from its row (id first); a row no `record_step` could have written raises UserError."""
+        row_id, step, game, seed, *seats, end_reason = row
         try:
             players, roles, versions, rewards = (tuple(json.loads(text)) for text in seats)
             if not len(players) == len(roles) == len(versions) == len(rewards) > 0:
