@@ -29,3 +29,4 @@ test: $(BIN)/selfplay
 bench: $(BIN)/selfplay
 	$(BIN)/python benchmarks/env_step.py
 	$(BIN)/python benchmarks/rollout.py --backend hf
+	$(BIN)/python benchmarks/sandbox.py

@@ -17,6 +17,7 @@ seed, so those pairings vary between runs; every other pairing is unaffected.
 from __future__ import annotations
 
 import json
+import sys
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -27,7 +28,7 @@ import numpy as np
 from tqdm import tqdm
 
 from selfplay.backends import PolicyBackend
-from selfplay.checkpoint import STATE_FILE, checkpoint_step, list_checkpoints
+from selfplay.checkpoint import STATE_FILE, checkpoint_problem, checkpoint_step, latest_checkpoint, list_checkpoints
 from selfplay.config import MAX_EPISODES, Bounds, build_section, read_yaml
 from selfplay.errors import UserError
 from selfplay.evaluation.exploitability import SUPPORTED_GAMES
@@ -86,9 +87,9 @@ class EvalSettings:
 
 
 def find_candidates(specs: Sequence[str]) -> list[Candidate]:
-    """Each spec is a run directory (all its checkpoints, oldest first), one checkpoint
-    directory, a league snapshot (`RUN_DIR/league/snapshots/NAME.safetensors`), or a model
-    (directory, hub name or "default")."""
+    """Each spec is a run directory (all its whole checkpoints, oldest first; damaged ones are
+    named in one warning line and left out), one checkpoint directory, a league snapshot
+    (`RUN_DIR/league/snapshots/NAME.safetensors`), or a model (directory, hub name or "default")."""
     found: list[Candidate] = []
     for spec in specs:
         path = Path(spec)
@@ -96,8 +97,15 @@ def find_candidates(specs: Sequence[str]) -> list[Candidate]:
         if path.suffix == ".safetensors":
             found.append(_snapshot_candidate(path))
         elif checkpoints:
-            found += [_checkpoint_candidate(c) for c in checkpoints]
+            problems = {c: checkpoint_problem(c) for c in checkpoints}
+            damaged = [f"{c.name} ({problem})" for c, problem in problems.items() if problem]
+            if damaged:
+                print(f"warning: left out the damaged checkpoints of '{spec}': {'; '.join(damaged)}", file=sys.stderr)
+            found += [_checkpoint_candidate(c) for c, problem in problems.items() if not problem]
         elif (path / STATE_FILE).exists():
+            problem = checkpoint_problem(path)
+            if problem:
+                raise UserError(f"Checkpoint '{spec}' is damaged ({problem}): evaluate another one.")
             found.append(_checkpoint_candidate(path))
         elif path.is_dir() and not (path / "config.json").exists():
             raise UserError(
@@ -126,8 +134,7 @@ def _snapshot_candidate(path: Path) -> Candidate:
             f"inside a run directory with its {CONFIG_FILE}."
         )
     # The run's checkpoints carry the model's configuration and tokenizer as the run used them.
-    checkpoints = list_checkpoints(run_dir)
-    model = str(checkpoints[-1]) if checkpoints else load_config(run_dir / CONFIG_FILE).model
+    model = str(latest_checkpoint(run_dir)) if list_checkpoints(run_dir) else load_config(run_dir / CONFIG_FILE).model
     return Candidate(path.stem, model, int(step), str(path))
 
 

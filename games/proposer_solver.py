@@ -21,6 +21,7 @@ from selfplay.errors import UserError
 from selfplay.games.base import TextGame
 from selfplay.roles.domains import DOMAINS, Task
 from selfplay.roles.proposer_solver import PROPOSER_REWARDS, proposer, solver
+from selfplay.roles.sandbox import ISOLATIONS, shared_sandbox
 from selfplay.roles.task_buffer import shared
 
 UNREADABLE = ""  # the move standing for output the game could not read
@@ -34,7 +35,9 @@ class ProposerSolver(TextGame):
     Parameters: `domain` (arithmetic, python), `attempts` (solver seats, default 4), `task_type`
     (python: deduction, abduction or induction; default drawn per game), `proposer_reward`
     (learnability, difficulty), `format_penalty` (default -1), `references` (buffer tasks shown),
-    `novel_only` (a task already in the buffer earns the proposer nothing).
+    `novel_only` (a task already in the buffer earns the proposer nothing), `sandbox` (where python
+    tasks run: bubblewrap, an operating-system sandbox; or unsafe, a child process guarded only by an
+    audit hook, which code written to attack it escapes).
     """
 
     observation_shape = (3,)
@@ -50,10 +53,13 @@ class ProposerSolver(TextGame):
         format_penalty: float = -1.0,
         references: int = 3,
         novel_only: bool = False,
+        sandbox: str = "bubblewrap",
     ):
         if domain not in DOMAINS:
             raise UserError(f"proposer_solver: unknown domain '{domain}'; choose one of {', '.join(DOMAINS)}.")
-        self.domain = DOMAINS[domain]()
+        if sandbox not in ISOLATIONS:
+            raise UserError(f"proposer_solver: sandbox must be one of {', '.join(ISOLATIONS)}, got {sandbox!r}.")
+        self.domain = DOMAINS[domain](shared_sandbox(sandbox)) if DOMAINS[domain].runs_code else DOMAINS[domain]()
         if task_type is not None and task_type not in self.domain.task_types:
             raise UserError(
                 f"proposer_solver: the {domain} domain has task types {', '.join(self.domain.task_types)}, "
@@ -168,5 +174,6 @@ class ProposerSolver(TextGame):
         return np.array([float(self.proposed), len(self.results), float(self.task is not None)], dtype=np.float32)
 
     def training_metrics(self) -> dict[str, float]:
-        """The task buffer's figures since they were last read (see `TaskBuffer.metrics`)."""
-        return self.buffer.metrics()
+        """The task buffer's figures since they were last read (see `TaskBuffer.metrics`), and the
+        domain's own (the sandbox's runs and their cost)."""
+        return {**self.buffer.metrics(), **self.domain.metrics()}

@@ -41,6 +41,11 @@ class Domain(ABC):
     name: str
     task_types: tuple[str, ...]
     answer_format: AnswerFormat = BOXED
+    runs_code = False  # True: the domain is built with a sandbox (`roles/sandbox.py`) to run tasks in
+
+    def metrics(self) -> dict[str, float]:
+        """The domain's own figures since they were last read, for TensorBoard."""
+        return {}
 
     @abstractmethod
     def task_help(self, task_type: str) -> str:
@@ -170,10 +175,15 @@ class Python(Domain):
     answer_format = AnswerFormat("<answer>", "</answer>")
     induction_inputs = (3, 5)
 
-    def __init__(self, limits=None):
-        from selfplay.roles.sandbox import SandboxLimits
+    runs_code = True
 
-        self.limits = limits or SandboxLimits()
+    def __init__(self, sandbox=None):
+        from selfplay.roles.sandbox import shared_sandbox
+
+        self.sandbox = sandbox or shared_sandbox("bubblewrap")
+
+    def metrics(self) -> dict[str, float]:
+        return self.sandbox.metrics()
 
     def task_help(self, task_type: str) -> str:
         count = (
@@ -195,8 +205,6 @@ class Python(Domain):
         return "The answer is the Python literal that f returns."
 
     def read_proposal(self, text: str, task_type: str) -> Task | None:
-        from selfplay.roles.sandbox import verify_many
-
         lines = text.strip().splitlines()
         inputs = tuple(m[1] for m in map(_INPUT_LINE.match, lines) if m)
         program = "\n".join(line for line in lines if not _INPUT_LINE.match(line) and not _FENCE.match(line)).strip()
@@ -209,7 +217,7 @@ class Python(Domain):
             key = ast.unparse(ast.parse(program))
         except (ValueError, SyntaxError, RecursionError):
             return None
-        results = verify_many([(program, "f", literal) for literal in inputs], self.limits)
+        results = self.sandbox.verify_many([(program, "f", literal) for literal in inputs])
         outputs = tuple(r.output for r in results)
         # Outputs are compared as literals, so a task whose output is not one cannot be checked.
         if not all(r.ok for r in results) or not all(map(_is_literal, outputs)):
@@ -232,16 +240,14 @@ class Python(Domain):
         return "def f" in text if task.task_type == "induction" else _is_literal(text)
 
     def check(self, task: Task, answer: str) -> bool:
-        from selfplay.roles.sandbox import run_function
-
         text = _unfenced(answer)
         if task.task_type == "induction":
-            results = [run_function(text, "f", literal, self.limits) for literal in task.inputs]
+            results = [self.sandbox.run(text, "f", literal) for literal in task.inputs]
             return all(r.ok and r.output == o for r, o in zip(results, task.outputs))
         value = _literal(text)
         if task.task_type == "deduction":
             return value == _literal(task.answer)
-        result = run_function(task.program, "f", repr(value), self.limits)
+        result = self.sandbox.run(task.program, "f", repr(value))
         return result.ok and result.output == task.answer
 
     def example_proposals(self, rng: np.random.Generator, task_type: str, n: int) -> list[str]:

@@ -1,58 +1,51 @@
-"""Run untrusted Python functions, as a proposer writes them, in throw-away child processes.
+"""Run untrusted Python functions, as a proposer writes them, each in a throw-away sandbox.
 
 In the code-reasoning game (after Absolute Zero) the model proposes a small deterministic function
 and an input, and the framework runs them to get the output the solver must predict. Model output is
-untrusted input: it must never crash or stall the trainer, touch the filesystem outside a throw-away
-directory, reach the network or start processes. Each run is therefore a fresh interpreter,
-`python -I -S` (no PYTHON* variables, no user or site packages: the task can import only the
-standard library), with a minimal environment and a fresh temporary directory as working directory,
-in a new session so that its whole process group can be killed. On top of that:
+untrusted input: it must never crash or stall the trainer, touch a file of the machine's, reach the
+network or start processes. The boundary is the operating system's: each run is a fresh interpreter
+(`python -I -S`: no site-packages, no PYTHON* variables) inside a bubblewrap jail (`bubblewrap.py`:
+its own user, PID, network, mount and IPC namespaces, a read-only root holding only the interpreter
+and the allowed standard library, an empty read-only working directory, a seccomp filter, and the
+unprivileged uid 65534 even when the trainer runs as root). Within it:
 
-- Kernel limits on CPU time, address space, file size and core dumps, plus RLIMIT_NPROC when no child
-  processes are allowed (the kernel ignores it for root). The parent sets them with `resource.prlimit`
-  before it sends the task, so nothing untrusted runs without them. (Not in a `preexec_fn`: that is
-  unsafe in a threaded parent, as the trainer and `verify_many` are, and makes `subprocess` fork the
-  whole trainer instead of using vfork.)
-- A wall-clock timeout, after which the process group is killed.
-- Inside the child, an audit hook (PEP 578), installed after the runner has imported what it needs and
-  before the task is compiled. The first forbidden action ends the run with a specific error: writing
-  outside the working directory, reading outside it and the standard library, any socket, starting a
-  process, sending a signal, ctypes, building or unmarshalling bytecode, replacing a function's code,
-  walking the heap, tracing, changing limits, a subinterpreter, or loading a banned module. Imports
-  compile from source (no .pyc is read), so unmarshalling stays blockable.
-- Banned modules: the task's own imports of them are refused even when the module is already loaded
-  (its `__import__` is guarded), and loading one for the first time is refused whoever asks. `os` and
-  `sys` are banned outright rather than offered as a "safe subset": pure functions do not need them,
-  and a subset would be one more thing to audit. `threading` and `importlib.machinery` are loaded by
-  the runner so that allowed modules that import them (queue, logging, dataclasses) still work.
+- Kernel limits, set by the runner on itself before it reads the task: CPU time, address space and
+  open descriptors as `SandboxLimits` says, and zero file size, core size and process count.
+- A wall-clock timeout, after which the jail is killed with every process in it.
+- Defence in depth, not the boundary (PEP 578 says audit hooks cannot be one): an audit hook the
+  runner installs before the task is compiled, so that the first forbidden action ends the run with
+  a specific error (a banned module, a file outside the working directory, a socket, a process, a
+  signal, ctypes, bytecode, tracing, walking the heap, changing limits), and an `__import__` that
+  refuses banned modules even when they are loaded already. Imports compile from source (no .pyc is
+  read), so unmarshalling stays blockable.
 
-Known gaps, all needing a task written to attack this sandbox: CPython lets code reach any loaded
-module through object introspection, and a few calls raise no audit event. With them a task running
-as the trainer's user could write a fake result to the result pipe, start threads, or signal the
-trainer through `_signal.pidfd_send_signal`; as root it could also create device files (`mknod`).
-Against an adversarial model, run the trainer as a non-root user and the sandbox as another one, or
-inside an OS sandbox (nsjail, bubblewrap, a seccomp filter).
+`isolation="unsafe"` runs the same runner without the jail, in a child process of the trainer's
+user: the audit hook and limits alone, which a task written to attack them gets past (native code
+raises no audit events). It exists for machines without user namespaces, and says what it is.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
-import resource
 import select
 import selectors
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from selfplay.errors import UserError
+from selfplay.roles import bubblewrap
 
+ISOLATIONS = ("bubblewrap", "unsafe")
 # A longer repr of a function's result is an error: no solver needs to read that much.
 MAX_OUTPUT_CHARS = 100_000
 # What the parent reads from each pipe before it gives up on the child: the result line with every
@@ -79,15 +72,18 @@ BANNED_MODULES = (
 @dataclass(frozen=True)
 class SandboxLimits:
     cpu_seconds: float = 2.0  # RLIMIT_CPU, rounded up to whole seconds; SIGKILL follows a second later
-    wall_seconds: float = 5.0  # then the process group is killed
+    wall_seconds: float = 5.0  # then the jail is killed
     memory_mb: int = 256  # RLIMIT_AS
-    file_size_kb: int = 64  # RLIMIT_FSIZE
-    processes: int = 0  # child processes the task may start; more than 0 also needs them unbanned
+    open_files: int = 64  # RLIMIT_NOFILE
     banned_modules: tuple[str, ...] = BANNED_MODULES  # top-level names
 
     def __post_init__(self):
-        if min(self.cpu_seconds, self.wall_seconds, self.memory_mb, self.file_size_kb) <= 0 or self.processes < 0:
-            raise UserError(f"Sandbox limits must be positive (processes at least 0), not {self}.")
+        if min(self.cpu_seconds, self.wall_seconds, self.memory_mb, self.open_files) <= 0:
+            raise UserError(f"Sandbox limits must be positive, not {self}.")
+
+    def arguments(self) -> list[str]:
+        """The kernel limits as LIMITS_PRELUDE reads them from argv[1:4]."""
+        return [str(math.ceil(self.cpu_seconds)), str(self.memory_mb * 2**20), str(self.open_files)]
 
 
 @dataclass(frozen=True)
@@ -99,18 +95,32 @@ class SandboxResult:
 
 DEFAULT_LIMITS = SandboxLimits()
 
+# The first lines of every program run in the sandbox, with argv[1:4] the CPU seconds, address-space
+# bytes and open descriptors: the limits go on before anything else runs, and cannot be raised again.
+LIMITS_PRELUDE = r"""
+import resource
+import sys
+
+for _which, _value in zip(("RLIMIT_CPU", "RLIMIT_AS", "RLIMIT_NOFILE"), map(int, sys.argv[1:4])):
+    resource.setrlimit(getattr(resource, _which), (_value, _value + 1 if _which == "RLIMIT_CPU" else _value))
+for _which in ("RLIMIT_FSIZE", "RLIMIT_CORE", "RLIMIT_NPROC"):  # no bytes written, no core dumps, no new tasks
+    resource.setrlimit(getattr(resource, _which), (0, 0))
+"""
+
 # The program the child runs. It imports only what it needs before the hook goes in, so that nothing
 # dangerous is loaded already when the task starts; it is a string because the child cannot import
 # this package (`-I -S` leaves site-packages off its path).
-_RUNNER = r'''
+_RUNNER = (
+    LIMITS_PRELUDE
+    + r'''
 # importlib.machinery and threading are not used here: they are loaded now so that allowed modules that
 # import them (dataclasses, queue, logging) still work, as loading a banned module later is refused.
 import ast
 import importlib.machinery  # noqa: F401
 import json
 import os
-import sys
 import threading  # noqa: F401
+import time
 from json.encoder import encode_basestring_ascii  # the C encoder: the task cannot patch it
 
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
@@ -132,11 +142,13 @@ CHANGES = {
     "os.lchflags": ((0,), ()),
     "sqlite3.connect": ((0,), ()),
 }
-PROCESSES = {"os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.system", "subprocess.Popen", "os.startfile"}
 BLOCKED = {
     event: message
     for message, events in {
-        "blocked: starting a process": ["os.exec"],
+        "blocked: starting a process": [
+            "os.exec", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.system", "subprocess.Popen",
+            "os.startfile",
+        ],
         "blocked: creating a symbolic link": ["os.symlink"],
         "blocked: changing the working directory": ["os.chdir"],
         "blocked: sending a signal": ["os.kill", "os.killpg", "signal.pthread_kill"],
@@ -151,23 +163,25 @@ BLOCKED = {
 }
 
 
-def reporter(fd, write=os.write, exit=os._exit, quote=encode_basestring_ascii):
-    """The one way the run ends: a JSON line on the result pipe, then exit without running any of the
-    task's cleanup. Bound to builtin functions now, so the task cannot patch it."""
+def reporter(fd, started, write=os.write, exit=os._exit, quote=encode_basestring_ascii, clock=time.perf_counter):
+    """The one way the run ends: a JSON line on the result pipe, with the seconds since the task started
+    (`started[0]`), then exit without running any of the task's cleanup. Bound to builtin functions now,
+    so the task cannot patch it."""
 
     def report(ok, text):
         key = "output" if ok else "error"
-        write(fd, f'{{"ok": {"true" if ok else "false"}, "{key}": {quote(text)}}}\n'.encode())
+        seconds = clock() - started[0] if started[0] else 0.0
+        verdict = "true" if ok else "false"
+        write(fd, f'{{"ok": {verdict}, "{key}": {quote(text)}, "seconds": {seconds!r}}}\n'.encode())
         exit(0)
 
     return report
 
 
-def make_hook(report, workdir, readable, banned, processes):
+def make_hook(report, workdir, readable, banned):
     """The audit hook. It binds every function it calls here: the task can rebind module attributes and
     builtins, but not these closure variables."""
     getcwd, lstat, oserror, type_, int_, str_, bytes_ = os.getcwd, os.lstat, OSError, type, int, str, bytes
-    started = [0]
 
     def block(message):
         report(False, message)
@@ -236,17 +250,13 @@ def make_hook(report, workdir, readable, banned, processes):
             name = str_.partition(str_.__str__(args[0]), ".")[0]
             if name in banned:
                 block(f"banned module '{name}'")
-        elif event in PROCESSES:
-            started[0] += 1
-            if started[0] > processes:
-                block("blocked: starting a process")
         elif event.startswith("socket."):
             block("blocked: network")
         elif event.startswith("ctypes."):
             block("blocked: ctypes")
         elif event == "object.__setattr__" and (type_(args[1]) is not str_ or args[1] == "__code__"):
             block("blocked: replacing a function's code")
-        elif event in BLOCKED and not (event == "os.exec" and processes):
+        elif event in BLOCKED:
             block(BLOCKED[event])
 
     return hook
@@ -269,8 +279,8 @@ def make_import(report, banned, real_import=__import__, isinstance_=isinstance, 
 def describe(err):
     if isinstance(err, MemoryError):
         return "memory limit"
-    if isinstance(err, OSError) and err.errno == 27:  # EFBIG: past RLIMIT_FSIZE (Python ignores SIGXFSZ)
-        return "file size limit"
+    if isinstance(err, OSError) and err.errno in (27, 30):  # EFBIG (RLIMIT_FSIZE 0; SIGXFSZ is ignored), EROFS
+        return "blocked: writing files"
     if isinstance(err, SyntaxError):
         return f"{type(err).__name__}: {err.msg} (line {err.lineno})"
     try:  # the task's own exception may fail to print
@@ -282,7 +292,8 @@ def describe(err):
 
 def main():
     task = json.loads(sys.stdin.buffer.read())
-    report = reporter(os.dup(1))
+    started = [0.0]
+    report = reporter(os.dup(1), started)
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):  # the task's prints and stray writes go nowhere; the result has its own pipe
         os.dup2(devnull, fd)
@@ -296,7 +307,8 @@ def main():
     namespace = {"__builtins__": builtins, "__name__": "__task__"}
     reserve = bytearray(1 << 20)  # freed on MemoryError so that the report itself has memory
     readable = tuple(path for path in sys.path if path.startswith("/"))
-    sys.addaudithook(make_hook(report, workdir, readable, banned, task["processes"]))
+    sys.addaudithook(make_hook(report, workdir, readable, banned))
+    started[0] = time.perf_counter()
     try:
         try:
             argument = ast.literal_eval(task["argument"])
@@ -320,90 +332,118 @@ def main():
 
 main()
 '''
-
-# Environment of the child: no variables of the trainer's (tokens, proxies) leak into it.
-_ENV = {"PATH": "/usr/bin:/bin"}
+)
 
 
-def run_function(source: str, function: str, argument: str, limits: SandboxLimits = DEFAULT_LIMITS) -> SandboxResult:
-    """Define `source` (Python code), call `function` on the value of `argument` (a Python literal,
-    parsed with ast.literal_eval inside the sandbox; a tuple literal is NOT unpacked — the function
-    takes one argument), and return repr(result). Never raises for anything the code does."""
-    task = json.dumps(
-        {
-            "source": source,
-            "function": function,
-            "argument": argument,
-            "banned": list(limits.banned_modules),
-            "processes": limits.processes,
-            "max_output": MAX_OUTPUT_CHARS,
-        }
-    ).encode()
-    with tempfile.TemporaryDirectory(prefix="sandbox-", ignore_cleanup_errors=True) as workdir:
-        with subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _RUNNER],
-            cwd=workdir,
-            env=_ENV,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        ) as proc:
-            deadline = time.monotonic() + limits.wall_seconds
+class Sandbox:
+    """Runs functions under one set of limits and one isolation, and counts its runs' cost for
+    TensorBoard (`metrics`). Safe to share between threads."""
+
+    def __init__(self, limits: SandboxLimits = DEFAULT_LIMITS, isolation: str = "bubblewrap"):
+        if isolation not in ISOLATIONS:
+            raise UserError(f"Unknown sandbox isolation '{isolation}'; choose one of {', '.join(ISOLATIONS)}.")
+        self.limits = limits
+        self.isolation = isolation
+        # Built (and checked to work) now, so that a machine without bubblewrap fails before training.
+        self.jail = bubblewrap.jail(frozenset(limits.banned_modules)) if isolation == "bubblewrap" else None
+        self._lock = threading.Lock()
+        self._runs = self._timed_runs = 0
+        self._seconds = self._overhead = 0.0
+
+    def run(self, source: str, function: str, argument: str) -> SandboxResult:
+        """Define `source` (Python code), call `function` on the value of `argument` (a Python literal,
+        parsed with ast.literal_eval inside the sandbox; a tuple literal is NOT unpacked: the function
+        takes one argument), and return repr(result). Never raises for anything the code does."""
+        task = json.dumps(
+            {
+                "source": source,
+                "function": function,
+                "argument": argument,
+                "banned": list(self.limits.banned_modules),
+                "max_output": MAX_OUTPUT_CHARS,
+            }
+        ).encode()
+        started = time.perf_counter()
+        returncode, stdout, stderr, cut = self._execute(task)
+        result, task_seconds = _result(returncode, stdout, stderr, cut, self.limits, jailed=self.jail is not None)
+        elapsed = time.perf_counter() - started
+        with self._lock:
+            self._runs += 1
+            self._seconds += elapsed
+            if task_seconds is not None:
+                self._timed_runs += 1
+                self._overhead += max(0.0, elapsed - task_seconds)
+        return result
+
+    def verify(self, source: str, function: str, argument: str) -> SandboxResult:
+        """run() twice; ok only if both ran and their outputs agree (else error "output is not deterministic")."""
+        first = self.run(source, function, argument)
+        if not first.ok:
+            return first
+        second = self.run(source, function, argument)
+        if second.ok and second.output != first.output:
+            return SandboxResult(False, error="output is not deterministic")
+        return second
+
+    def verify_many(self, tasks: Sequence[tuple[str, str, str]], workers: int = 16) -> list[SandboxResult]:
+        """verify() for many (source, function, argument) tasks concurrently (a thread pool; each run is its
+        own jail), results in order."""
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            return list(pool.map(lambda task: self.verify(*task), tasks))
+
+    def metrics(self) -> dict[str, float]:
+        """Runs since the last call, their mean wall time, and the mean time spent starting and ending
+        the sandbox rather than in the task, over the runs that reported their task's time (ms)."""
+        with self._lock:
+            runs, timed, seconds, overhead = self._runs, self._timed_runs, self._seconds, self._overhead
+            self._runs = self._timed_runs = 0
+            self._seconds = self._overhead = 0.0
+        metrics = {"sandbox/runs": float(runs), "sandbox/run_ms": 1e3 * seconds / runs} if runs else {}
+        if timed:
+            metrics["sandbox/start_ms"] = 1e3 * overhead / timed
+        return metrics
+
+    def _execute(self, task: bytes) -> tuple[int, bytes, bytes, str | None]:
+        """Start the runner, jailed (or, unsafe, in a temporary working directory), and talk to it."""
+        limits = self.limits.arguments()
+        if self.jail is None:
+            with tempfile.TemporaryDirectory(prefix="sandbox-", ignore_cleanup_errors=True) as workdir:
+                command = [sys.executable, "-I", "-S", "-c", _RUNNER, *limits]
+                return self._talk(command, task, cwd=workdir, env={"PATH": "/usr/bin:/bin"})
+        seccomp_fd = bubblewrap.seccomp_descriptor(self.jail)
+        try:
+            command = self.jail.command(_RUNNER, limits, seccomp_fd)
+            return self._talk(command, task, pass_fds=(seccomp_fd,), **bubblewrap.spawn_options(self.jail))
+        finally:
+            os.close(seccomp_fd)
+
+    def _talk(self, command: list[str], task: bytes, **options) -> tuple[int, bytes, bytes, str | None]:
+        """Hand the task to the started runner and collect what it writes until it exits or the wall
+        clock runs out; then kill whatever is left of it."""
+        pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+        with subprocess.Popen(command, start_new_session=True, **pipes, **options) as proc:
+            deadline = time.monotonic() + self.limits.wall_seconds
             try:
-                _set_limits(proc.pid, limits)
                 stdout, stderr, cut = _exchange(proc, task, deadline)
                 if cut is None:
                     proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:  # it closed its pipes but kept running
                 stdout, stderr, cut = b"", b"", "timeout"
             finally:
-                # Also ends anything the task started in its process group.
+                # The whole session: bwrap and, through --die-with-parent, its PID namespace.
                 try:
                     os.killpg(proc.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
                 proc.wait()
-    return _result(proc.returncode, stdout, stderr, cut, limits)
+        return proc.returncode, stdout, stderr, cut
 
 
-def verify(source: str, function: str, argument: str, limits: SandboxLimits = DEFAULT_LIMITS) -> SandboxResult:
-    """run_function twice; ok only if both ran and their outputs agree (else error "output is not deterministic")."""
-    first = run_function(source, function, argument, limits)
-    if not first.ok:
-        return first
-    second = run_function(source, function, argument, limits)
-    if second.ok and second.output != first.output:
-        return SandboxResult(False, error="output is not deterministic")
-    return second
-
-
-def verify_many(
-    tasks: Sequence[tuple[str, str, str]], limits: SandboxLimits = DEFAULT_LIMITS, workers: int = 16
-) -> list[SandboxResult]:
-    """verify() for many (source, function, argument) tasks concurrently (a thread pool; each run is its
-    own process), results in order."""
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(lambda task: verify(*task, limits), tasks))
-
-
-def _set_limits(pid: int, limits: SandboxLimits) -> None:
-    cpu = math.ceil(limits.cpu_seconds)
-    memory = limits.memory_mb * 2**20
-    file_size = limits.file_size_kb * 2**10
-    settings = [
-        (resource.RLIMIT_CPU, (cpu, cpu + 1)),  # SIGXCPU, then SIGKILL if the task ignores it
-        (resource.RLIMIT_AS, (memory, memory)),
-        (resource.RLIMIT_FSIZE, (file_size, file_size)),
-        (resource.RLIMIT_CORE, (0, 0)),
-    ]
-    if limits.processes == 0:
-        settings.append((resource.RLIMIT_NPROC, (0, 0)))
-    try:
-        for which, values in settings:
-            resource.prlimit(pid, which, values)
-    except ProcessLookupError:  # it died at start; its exit status tells why
-        pass
+@functools.cache
+def shared_sandbox(isolation: str) -> Sandbox:
+    """The process's sandbox with the default limits under `isolation`: one set of figures for every
+    game that runs code."""
+    return Sandbox(DEFAULT_LIMITS, isolation)
 
 
 def _exchange(proc: subprocess.Popen, task: bytes, deadline: float) -> tuple[bytes, bytes, str | None]:
@@ -439,31 +479,37 @@ def _exchange(proc: subprocess.Popen, task: bytes, deadline: float) -> tuple[byt
     return bytes(received[proc.stdout]), bytes(received[proc.stderr]), None
 
 
-def _result(returncode: int, stdout: bytes, stderr: bytes, cut: str | None, limits: SandboxLimits) -> SandboxResult:
+def _result(
+    returncode: int, stdout: bytes, stderr: bytes, cut: str | None, limits: SandboxLimits, jailed: bool
+) -> tuple[SandboxResult, float | None]:
+    """The run's result, and the seconds the task itself ran by the runner's clock (None when it did
+    not say)."""
     if cut == "timeout":
-        return SandboxResult(False, error=f"timed out after {limits.wall_seconds} s")
+        return SandboxResult(False, error=f"timed out after {limits.wall_seconds} s"), None
     if cut is not None:
-        return SandboxResult(False, error="output too long")
-    if returncode < 0:
-        return SandboxResult(False, error=_signal_error(-returncode))
+        return SandboxResult(False, error="output too long"), None
+    # bwrap exits with 128 + N when what it ran was killed by signal N.
+    signalled = -returncode if returncode < 0 else returncode - 128 if jailed and returncode > 128 else 0
+    if signalled:
+        return SandboxResult(False, error=_signal_error(signalled)), None
     try:
         record = json.loads(stdout.splitlines()[-1])
     except (IndexError, ValueError):
         record = None
     if isinstance(record, dict) and returncode == 0:
+        seconds = record.get("seconds") if isinstance(record.get("seconds"), float) else None
         if record.get("ok") is True and isinstance(record.get("output"), str):
-            return SandboxResult(True, output=record["output"])
+            return SandboxResult(True, output=record["output"]), seconds
         if record.get("ok") is False and isinstance(record.get("error"), str):
-            return SandboxResult(False, error=record["error"])
+            return SandboxResult(False, error=record["error"]), seconds
     detail = stderr.decode(errors="replace").strip().splitlines()[-1:]
-    return SandboxResult(False, error=": ".join([f"no result from the sandbox (exit status {returncode})", *detail]))
+    error = ": ".join([f"no result from the sandbox (exit status {returncode})", *detail])
+    return SandboxResult(False, error=error), None
 
 
 def _signal_error(number: int) -> str:
     if number == signal.SIGXCPU:
         return "CPU time limit"
-    if number == signal.SIGXFSZ:
-        return "file size limit"
     try:
         name = signal.Signals(number).name
     except ValueError:

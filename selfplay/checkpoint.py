@@ -8,10 +8,18 @@ policy (`AutoModelForCausalLM.from_pretrained` loads it) plus
 - `reference.safetensors`: the KL reference, when `learner.reference_update_every` has moved it
   away from the initial policy;
 - `trainer_state.json`: the step, the advantage baselines, and whatever else the trainer and
-  league keep.
+  league keep;
+- `exploiters/NAME/`: the same for each of a league's exploiters (a LoRA learner's adapter in
+  `adapter/`), so that the step of every learning player is saved, kept and deleted as one.
 
 It is written to a hidden scratch directory and renamed into place, so a crash mid-write
-leaves the previous checkpoint as the latest complete one.
+leaves the previous checkpoint as the latest complete one; a write that fails (a full disk)
+removes the scratch directory. An old checkpoint is renamed to a hidden name before it is
+deleted, so a crash mid-delete leaves nothing that looks like a checkpoint. The next save
+removes the leftovers of either.
+
+A checkpoint with a missing or cut-short file is damaged: resuming passes over it, with a
+warning, to the newest whole one before it.
 """
 
 from __future__ import annotations
@@ -19,71 +27,157 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from selfplay.errors import UserError
 
 STATE_FILE = "trainer_state.json"
 REFERENCE_FILE = "reference.safetensors"
+EXPLOITERS_DIR = "exploiters"
 PREFIX = "step-"
+# Hidden names of a checkpoint being written and of one being deleted.
+PARTIAL, DELETING = ".partial", ".deleting"
+# What every learning player's part of a checkpoint holds.
+REQUIRED_FILES = ("config.json", "model.safetensors", "optimizer.safetensors", "optimizer.json", "rng.safetensors")
+# What a file that cannot be read raises: safetensors reports a cut-short file as SafetensorError.
+READ_ERRORS = (OSError, ValueError, KeyError, TypeError, SafetensorError)
 
 
 def checkpoints_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
-def save_checkpoint(run_dir: str | Path, step: int, learner, state: dict, keep: int = 2) -> Path:
-    """Write the checkpoint of `step` and delete all but the newest `keep`."""
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    learner,
+    state: dict,
+    keep: int = 2,
+    exploiters: Mapping[str, tuple] = MappingProxyType({}),
+) -> Path:
+    """Write the checkpoint of `step`: `learner` and the trainer `state`, and each exploiter's
+    (learner, state) by name. Then delete all but the newest `keep`. A write that fails raises
+    UserError and leaves the checkpoints as they were."""
     root = checkpoints_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
+    for leftover in root.glob(f".{PREFIX}*"):  # of a save or a deletion that a crash cut short
+        if leftover.name.endswith((PARTIAL, DELETING)):
+            shutil.rmtree(leftover, ignore_errors=True)
     final = root / f"{PREFIX}{step:06d}"
-    scratch = root / f".{final.name}.partial"
-    shutil.rmtree(scratch, ignore_errors=True)
-    learner.save_pretrained(scratch)
-    tensors, settings = _flatten_optimizer(learner.optimizer.state_dict())
-    save_file(tensors, str(scratch / "optimizer.safetensors"))
-    (scratch / "optimizer.json").write_text(json.dumps(settings))
-    save_file(_rng_states(), str(scratch / "rng.safetensors"))
-    if learner.reference_moved:
-        learner.save_reference(scratch / REFERENCE_FILE)
-    (scratch / STATE_FILE).write_text(json.dumps({"step": step, **state}, indent=1))
-    _fsync_tree(scratch)
+    scratch = root / f".{final.name}{PARTIAL}"
+    try:
+        for name, (exploiter, exploiter_state) in exploiters.items():
+            _write(scratch / EXPLOITERS_DIR / name, step, exploiter, exploiter_state)
+        _write(scratch, step, learner, state)
+        _fsync_tree(scratch)
+    except (OSError, SafetensorError) as err:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise UserError(
+            f"Could not write the checkpoint '{final}': {err} (the disk holding it has "
+            f"{shutil.disk_usage(root).free / 2**30:.2f} GiB free). The run stopped; the partial checkpoint was "
+            "removed and the earlier ones are intact. Free space on that disk (or lower keep_checkpoints), then "
+            f"continue with `selfplay train --resume {run_dir}`."
+        ) from None
     if final.exists():  # a re-run of a step after a resume
-        shutil.rmtree(final)
+        _discard(final)
     scratch.rename(final)
     for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+        _discard(old)
     return final
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Complete checkpoints of the run, oldest first."""
+    """The run's checkpoints, oldest first, damaged ones included (see `checkpoint_problem`)."""
     root = checkpoints_dir(run_dir)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.name.startswith(PREFIX) and (p / STATE_FILE).exists()]
-    return sorted(found, key=lambda p: int(p.name.removeprefix(PREFIX)))
+    found = [p for p in root.iterdir() if _named_step(p) is not None and (p / STATE_FILE).exists()]
+    return sorted(found, key=_named_step)
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path:
+    """The run's newest whole checkpoint. Newer damaged ones are passed over, each named in a
+    warning; one whose saved step is not its name's is refused."""
     checkpoints = list_checkpoints(run_dir)
     if not checkpoints:
         raise UserError(
             f"No checkpoint in '{checkpoints_dir(run_dir)}' to resume from. Start the run without --resume, "
             "or point --resume at the run directory that holds the checkpoints."
         )
-    return checkpoints[-1]
+    for path in reversed(checkpoints):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            checkpoint_step(path)  # refuses a copied or renamed checkpoint
+            return path
+        print(
+            f"warning: checkpoint '{path}' is damaged ({problem}); using the newest whole checkpoint before it. "
+            "A resumed run replaces it when it saves that step again.",
+            file=sys.stderr,
+        )
+    raise UserError(
+        f"Every checkpoint in '{checkpoints_dir(run_dir)}' is damaged (see the warnings above). Restore one from "
+        "a copy, or start a new run."
+    )
 
 
 def checkpoint_step(path: Path) -> int:
-    """The step a checkpoint was written at, read from its trainer state."""
+    """The step a checkpoint was written at, read from its trainer state. A `step-N` directory
+    whose state says another step (a copied or renamed checkpoint) raises UserError: resuming
+    from it would rewind the run and overwrite later checkpoints."""
     try:
-        return int(json.loads((Path(path) / STATE_FILE).read_text())["step"])
-    except (OSError, ValueError, KeyError, TypeError) as err:
+        step = _saved_step(path)
+    except READ_ERRORS as err:
         raise UserError(f"Checkpoint '{path}' has an unreadable {STATE_FILE} ({err}); it may be corrupt.") from None
+    named = _named_step(Path(path))
+    if named is not None and named != step:
+        raise UserError(
+            f"Checkpoint '{path}' holds step {step}, not the step {named} its name says: it was copied or "
+            f"renamed. Rename it to {PREFIX}{step:06d}, or move it out of '{Path(path).parent}'."
+        )
+    return step
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """What makes the checkpoint at `path` unloadable (a file missing, cut short or unreadable,
+    in its own part or an exploiter's), or None when it is whole."""
+    path = Path(path)
+    exploiters = path / EXPLOITERS_DIR
+    for part in [path, *(sorted(exploiters.iterdir()) if exploiters.is_dir() else [])]:
+        for name in (STATE_FILE, *REQUIRED_FILES):
+            if not (part / name).is_file():
+                return f"{(part / name).relative_to(path)} is missing"
+    for file in sorted(path.rglob("*")):
+        try:
+            if file.suffix == ".json":
+                json.loads(file.read_text())
+            elif file.suffix == ".safetensors":
+                with safe_open(str(file), framework="pt"):  # checks the file holds every tensor its header lists
+                    pass
+        except READ_ERRORS as err:
+            return f"{file.relative_to(path)} is unreadable: {err}"
+    try:
+        _saved_step(path)
+    except READ_ERRORS as err:
+        return f"{STATE_FILE} holds no step: {err!r}"
+    return None
+
+
+def exploiter_checkpoint(checkpoint: Path, name: str) -> Path:
+    """The part of `checkpoint` that holds the exploiter `name`."""
+    path = Path(checkpoint) / EXPLOITERS_DIR / name
+    if not path.is_dir():
+        raise UserError(
+            f"Checkpoint '{checkpoint}' holds no state of the league's exploiter '{name}' ({path} is missing), so "
+            "the league cannot resume from it. Start a new run."
+        )
+    return path
 
 
 def load_checkpoint(path: Path, learner) -> dict:
@@ -97,14 +191,45 @@ def load_checkpoint(path: Path, learner) -> dict:
         learner.optimizer.load_state_dict(_unflatten_optimizer(tensors, settings))
         if (path / REFERENCE_FILE).exists():
             learner.load_reference(path / REFERENCE_FILE)
-    except (OSError, ValueError, KeyError) as err:
+    except READ_ERRORS as err:
         raise UserError(
-            f"Checkpoint '{path}' is damaged ({err}). Delete that directory to resume from the one before it."
+            f"Checkpoint '{path}' is damaged ({err}). Move it out of its checkpoints directory to resume from the "
+            "one before it."
         ) from None
     torch.set_rng_state(rng["torch"])
     if torch.cuda.is_available():
         torch.cuda.set_rng_state_all([rng[f"cuda.{i}"] for i in range(torch.cuda.device_count())])
     return state
+
+
+def _write(directory: Path, step: int, learner, state: dict) -> None:
+    """One learning player's part of a checkpoint; its trainer state last."""
+    learner.save_pretrained(directory)
+    tensors, settings = _flatten_optimizer(learner.optimizer.state_dict())
+    save_file(tensors, str(directory / "optimizer.safetensors"))
+    (directory / "optimizer.json").write_text(json.dumps(settings))
+    save_file(_rng_states(), str(directory / "rng.safetensors"))
+    if learner.reference_moved:
+        learner.save_reference(directory / REFERENCE_FILE)
+    (directory / STATE_FILE).write_text(json.dumps({"step": step, **state}, indent=1))
+
+
+def _discard(checkpoint: Path) -> None:
+    """Delete a checkpoint, renaming it first: a crash midway leaves a hidden leftover, not a
+    directory that looks like a checkpoint."""
+    doomed = checkpoint.with_name(f".{checkpoint.name}{DELETING}")
+    checkpoint.rename(doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _saved_step(path: Path) -> int:
+    return int(json.loads((Path(path) / STATE_FILE).read_text())["step"])
+
+
+def _named_step(path: Path) -> int | None:
+    """The step a `step-N` directory's name says; None for any other name."""
+    digits = path.name.removeprefix(PREFIX)
+    return int(digits) if path.name.startswith(PREFIX) and digits.isdigit() else None
 
 
 def _rng_states() -> dict[str, torch.Tensor]:

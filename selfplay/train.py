@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -31,7 +32,14 @@ from transformers.utils import logging as transformers_logging
 from selfplay.advantages import advantage_stats, estimate
 from selfplay.agents import make_agent
 from selfplay.backends import PRECISIONS, PolicyBackend, SamplingSettings, make_backend
-from selfplay.checkpoint import checkpoint_step, latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from selfplay.checkpoint import (
+    checkpoint_step,
+    exploiter_checkpoint,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
 from selfplay.config import RolloutConfig, TrainConfig, config_to_dict, load_config
 from selfplay.default_model import resolve_model
 from selfplay.errors import UserError
@@ -51,7 +59,6 @@ from selfplay.scoring import warn_if_bf16_emulated
 MAIN = "main"
 CONFIG_FILE = "config.yaml"
 SNAPSHOTS_DIR = "league/snapshots"
-EXPLOITERS_DIR = "league/exploiters"
 # Steps in a row in which every answer was invalid before a run warns that it has collapsed.
 COLLAPSE_STEPS = 10
 
@@ -220,8 +227,19 @@ class Trainer:
                 f"'{self.run_dir}' already holds checkpoints. Continue it with `selfplay train --resume "
                 f"{self.run_dir}`, or choose another run_dir."
             )
-        self.model_path = resolve_model(config.model)
         self.step = checkpoint_step(checkpoint) if checkpoint else 0
+        if self.step > config.steps:
+            raise UserError(
+                f"The run in '{self.run_dir}' is at step {self.step}, past steps={config.steps}, and a resumed run "
+                f"does not go back: set steps above {self.step} to continue it."
+            )
+        if checkpoint is not None and self.step == config.steps:
+            print(
+                f"Run '{self.run_dir}' is already at step {self.step} of steps={config.steps}: nothing to train. "
+                "Raise steps to continue it.",
+                file=sys.stderr,
+            )
+        self.model_path = resolve_model(config.model)
         self.games = {spec: make_game(spec) for spec in config.games}  # asked for their own figures each step
         self.shared_base = None  # the initial model under the exploiters' adapters, once needed
         main = self._learning_player(MAIN, config.learner, checkpoint)
@@ -235,7 +253,7 @@ class Trainer:
             }
         )
         self.frozen: dict[str, PolicyBackend] = {}  # snapshots' backends, loaded when first matched
-        self.league = self._open_league(resume) if config.league.enabled else None
+        self.league = self._open_league(checkpoint) if config.league.enabled else None
         if checkpoint is not None:  # last, so that its random state is the one the run goes on with
             main.baselines = _baselines(load_checkpoint(checkpoint, main.learner))
         from torch.utils.tensorboard import SummaryWriter
@@ -314,9 +332,10 @@ class Trainer:
             reference_update_every=0,
         )
 
-    def _open_league(self, resume: bool) -> League:
+    def _open_league(self, checkpoint: Path | None) -> League:
         """The league as the store holds it at this run's step: a resumed run forgets what was
-        recorded after its checkpoint (it replays those steps exactly), a new run starts it."""
+        recorded after its `checkpoint` (it replays those steps exactly) and takes its
+        exploiters from it, a new run starts the league."""
         store = LeagueStore(self.run_dir / LEAGUE_FILE)
         store.rollback_to(self.step)
         if not store.players():
@@ -324,11 +343,10 @@ class Trainer:
         league = League(self.config, store)
         for player in league.learning_players():
             if player.name != MAIN:
-                directory = self.run_dir / EXPLOITERS_DIR / player.name
-                checkpoint = latest_checkpoint(directory) if resume else None
-                exploiter = self._learning_player(player.name, self._exploiter_config(), checkpoint, exploiter=True)
-                if checkpoint is not None:
-                    exploiter.baselines = _baselines(load_checkpoint(checkpoint, exploiter.learner))
+                saved = exploiter_checkpoint(checkpoint, player.name) if checkpoint is not None else None
+                exploiter = self._learning_player(player.name, self._exploiter_config(), saved, exploiter=True)
+                if saved is not None:
+                    exploiter.baselines = _baselines(load_checkpoint(saved, exploiter.learner))
                 self.players[player.name] = exploiter
         first = snapshot_name(MAIN, 0)
         if first not in league.players:
@@ -531,12 +549,13 @@ class Trainer:
         return metrics
 
     def save(self) -> Path:
-        keep = self.config.keep_checkpoints
-        for name, player in self.players.items():
-            if name != MAIN:
-                save_checkpoint(self.run_dir / EXPLOITERS_DIR / name, self.step, player.learner, _state(player), keep)
-        # The main checkpoint last: a resumed run starts from it, and finds the exploiters' beside it.
-        return save_checkpoint(self.run_dir, self.step, self.learner, _state(self.players[MAIN]), keep=keep)
+        """The step's checkpoint: the main player's, with every exploiter's inside it, so that a
+        resumed run takes all of them from the same step."""
+        exploiters = {name: (p.learner, _state(p)) for name, p in self.players.items() if name != MAIN}
+        main = self.players[MAIN]
+        return save_checkpoint(
+            self.run_dir, self.step, main.learner, _state(main), self.config.keep_checkpoints, exploiters
+        )
 
     def _log(self, metrics: dict[str, float]) -> None:
         for name, value in metrics.items():

@@ -71,3 +71,21 @@ def hf_model(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def bubblewrap():
+    """The jail model-written code runs in. Tests that need it skip where bubblewrap cannot run,
+    except under SELFPLAY_REQUIRE_SANDBOX=1 (CI), where they fail: CI tests the real boundary."""
+    import os
+
+    from selfplay.errors import UserError
+    from selfplay.roles.bubblewrap import jail
+    from selfplay.roles.sandbox import BANNED_MODULES
+
+    try:
+        return jail(frozenset(BANNED_MODULES))
+    except UserError as err:
+        if os.environ.get("SELFPLAY_REQUIRE_SANDBOX") == "1":
+            pytest.fail(str(err))
+        pytest.skip(str(err))

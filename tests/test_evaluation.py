@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import math
+import shutil
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -157,11 +158,27 @@ def test_candidates_are_the_runs_checkpoints_with_their_steps(trained_run, tmp_p
     assert [(c.name, c.step) for c in found] == [("run/step-000001", 1), ("run/step-000002", 2), ("default", None)]
     with pytest.raises(UserError, match="neither a run directory"):
         find_candidates([str(tmp_path)])
-    corrupt = tmp_path / "checkpoints" / "step-000003"
-    corrupt.mkdir(parents=True)
+    corrupt = shutil.copytree(trained_run / "checkpoints" / "step-000002", tmp_path / "checkpoints" / "step-000002")
     (corrupt / "trainer_state.json").write_text("{not json")
-    with pytest.raises(UserError, match="corrupt"):
+    with pytest.raises(UserError, match="step-000002' is damaged \\(trainer_state.json is unreadable"):
         find_candidates([str(corrupt)])
+
+
+def test_eval_of_a_run_leaves_out_its_damaged_checkpoints_and_names_them(trained_run, tmp_path, capsys):
+    """As a kill in the middle of deleting a checkpoint left it before pruning renamed first:
+    its trainer state there, its weights gone. The other checkpoints are evaluated."""
+    run_dir = shutil.copytree(trained_run, tmp_path / "run")
+    (run_dir / "checkpoints" / "step-000001" / "model.safetensors").unlink()
+    out = tmp_path / "eval"
+    argv = ["eval", "--checkpoints", str(run_dir), "--games", "kuhn_poker", "--episodes", "2", "--out", str(out)]
+    assert main([*argv, "--no-round-robin", "--no-exploitability", "--no-progress"]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning")]
+    assert warnings == [
+        f"warning: left out the damaged checkpoints of '{run_dir}': step-000001 (model.safetensors is missing)"
+    ]
+    results = json.loads((out / "results.json").read_text())
+    assert [c["name"] for c in results["candidates"]] == ["run/step-000002"]
+    assert {m["candidate"] for m in results["matches"]} == {"run/step-000002"}
 
 
 def test_a_tiny_suite_evaluates_end_to_end_and_repeats_exactly(trained_run, tmp_path, capsys):

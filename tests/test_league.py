@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import csv
 import math
-import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from selfplay import checkpoint
 from selfplay.checkpoint import list_checkpoints
 from selfplay.cli import main
 from selfplay.config import load_config
@@ -181,7 +182,7 @@ def test_population_rules_that_need_a_league_are_refused_without_one(tiny_model_
         Trainer(load_config(None, [f"model={tiny_model_dir}", *load]), progress=False)
 
 
-def test_league_run_snapshots_resets_exploiters_and_resumes_as_it_was(tiny_model_dir, tmp_path):
+def test_league_run_snapshots_resets_exploiters_and_resumes_as_it_was(tiny_model_dir, tmp_path, monkeypatch):
     unbroken, broken = tmp_path / "unbroken", tmp_path / "broken"
     common = [*LEAGUE, f"model={tiny_model_dir}"]
     train_command(None, [*common, f"run_dir={unbroken}"], resume=None, progress=False)
@@ -202,17 +203,42 @@ def test_league_run_snapshots_resets_exploiters_and_resumes_as_it_was(tiny_model
     assert {m.step for m in matches} == {1, 2, 3} and len(matches) == 3 * 6 * 3  # three learners, 6 games each
     assert all(m.versions[m.players.index(p)] == 2 for m in matches for p in m.players if p.endswith("@000002"))
 
-    # A crash after step 3's league records but before its checkpoint: the resumed run forgets
-    # step 3's records, replays the step exactly, and ends with the same league.
+    # Killed while writing step 3's checkpoint, after the exploiters' parts and before the main
+    # player's (after step 3's league records): the resumed run takes every player from step 2,
+    # forgets step 3's records, replays the step exactly, and ends as the unbroken run did.
     train_command(None, [*common, "steps=2", f"run_dir={broken}"], resume=None, progress=False)
+    write = checkpoint._write
+
+    def killed_before_main(directory, step, learner, state):
+        if step == 3 and directory.name.endswith(checkpoint.PARTIAL):
+            raise Killed
+        write(directory, step, learner, state)
+
+    monkeypatch.setattr(checkpoint, "_write", killed_before_main)
+    with pytest.raises(Killed):
+        train_command(None, ["steps=3"], resume=str(broken), progress=False)
+    assert [p.name for p in list_checkpoints(broken)] == ["step-000001", "step-000002"]
+    assert (broken / "checkpoints" / ".step-000003.partial" / "exploiters" / "main_exploiter_0").is_dir()
+    monkeypatch.setattr(checkpoint, "_write", write)
     train_command(None, ["steps=3"], resume=str(broken), progress=False)
-    shutil.rmtree(list_checkpoints(broken)[-1])
-    shutil.rmtree(broken / "league" / "exploiters" / "main_exploiter_0" / "checkpoints" / "step-000003")
-    shutil.rmtree(broken / "league" / "exploiters" / "league_exploiter_0" / "checkpoints" / "step-000003")
-    train_command(None, ["steps=3"], resume=str(broken), progress=False)
-    with LeagueStore(broken / "league.sqlite") as store:
+    with LeagueStore(broken / "league.sqlite") as store, LeagueStore(unbroken / "league.sqlite") as whole:
         assert store.matches() == matches
         assert store.players() == list(players.values())
+        assert store.ratings() == whole.ratings()
+    # Every file of the step's checkpoint, bit for bit: weights, optimizer states, random state
+    # and each player's baselines (the main player's and both exploiters').
+    assert _files(broken / "checkpoints") == _files(unbroken / "checkpoints")
+    assert {"step-000003/exploiters/main_exploiter_0/adapter/adapter_model.safetensors"} < set(
+        _files(broken / "checkpoints")
+    )
+
+
+class Killed(BaseException):
+    """A kill -9 where it is raised: nothing of the process runs on."""
+
+
+def _files(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
 def test_league_show_prints_standings_payoff_lineage_and_meta_strategy(tiny_model_dir, tmp_path, capsys):
@@ -251,10 +277,23 @@ def test_league_show_prints_standings_payoff_lineage_and_meta_strategy(tiny_mode
         find_candidates([str(tmp_path / "elsewhere@3.safetensors")])
 
 
-def test_league_show_names_a_run_without_a_league(tmp_path, capsys):
+def test_league_show_names_a_run_without_a_league_or_with_a_damaged_one(tmp_path, capsys):
     (tmp_path / "config.yaml").write_text("steps: 1\n")
     assert main(["league", "show", str(tmp_path)]) == 2
     assert "holds no league" in capsys.readouterr().err
+    # An empty store (a run stopped before creating it) stays as it is: showing it writes nothing.
+    path = tmp_path / "league.sqlite"
+    path.touch()
+    assert main(["league", "show", str(tmp_path)]) == 2
+    assert "empty: its run stopped before it created the league" in capsys.readouterr().err
+    assert path.read_bytes() == b""
+    path.unlink()
+    with LeagueStore(path) as store:
+        store.add_players([LeaguePlayer("main", "main", 0), LeaguePlayer("random", "scripted", 0)])
+        store.record_step(1, [_match("main", "random", 1.0)])
+        store._db.execute("UPDATE matches SET rewards = 'won'")
+    assert main(["league", "show", str(tmp_path)]) == 2
+    assert "is damaged: its match 1 (step 1) cannot be read" in capsys.readouterr().err
 
 
 def test_role_games_train_in_the_league_with_role_slots(tiny_model_dir, tmp_path):

@@ -89,6 +89,45 @@ def test_reopening_gives_the_same_content(tmp_path):
         assert store.last_step() == 3
 
 
+def test_a_read_only_store_writes_nothing(tmp_path):
+    path = tmp_path / "league.sqlite"
+    with LeagueStore(path) as store:
+        store.add_players(POPULATION)
+        store.record_step(1, [match(1, 0)], new_players=[snapshot(1)], ratings={"main": (25.0, 8.0)})
+        before = content(store)
+    stored = path.read_bytes()
+    with LeagueStore(path, read_only=True) as store:
+        assert content(store) == before
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):
+            store.rollback_to(0)
+    # SQLite's shared-memory files of a WAL database may stay beside it, the log empty.
+    assert path.read_bytes() == stored and (tmp_path / "league.sqlite-wal").read_bytes() == b""
+    files = sorted(p.name for p in tmp_path.iterdir())
+
+    # An empty file (a run stopped before it created its league) and a missing one are refused
+    # as they are, where opening them to write would create a store.
+    empty, missing = tmp_path / "empty.sqlite", tmp_path / "missing.sqlite"
+    empty.touch()
+    for path, reason in [(empty, "empty: its run stopped before it created the league"), (missing, "no such file")]:
+        with pytest.raises(UserError, match=reason):
+            LeagueStore(path, read_only=True)
+    assert empty.read_bytes() == b"" and sorted(p.name for p in tmp_path.iterdir()) == sorted(["empty.sqlite", *files])
+
+
+@pytest.mark.parametrize(
+    "column, text", [("players", "main,mcts:100"), ("versions", "7"), ("rewards", "[1.0]")], ids=str
+)
+def test_a_damaged_match_row_is_named_with_the_fix(store, column, text):
+    store.record_step(1, [match(1, 0), match(1, 1)])
+    store._db.execute(f"UPDATE matches SET {column} = ? WHERE id = 2", (text,))
+    with pytest.raises(UserError) as err:
+        store.matches()
+    assert f"The league store '{store.path}' is damaged: its match 2 (step 1) cannot be read" in str(err.value)
+    assert f"sqlite3 '{store.path}' 'DELETE FROM matches WHERE id = 2'" in str(err.value)
+    store._db.execute("DELETE FROM matches WHERE id = 2")  # the fix the message gives
+    assert store.matches() == [match(1, 0)]
+
+
 def test_a_duplicate_player_raises_and_adds_none_of_its_batch(store):
     with pytest.raises(ValueError, match="'main'"):
         store.add_players([LeaguePlayer("main_exploiter_0", "main_exploiter", 0), POPULATION[0]])
@@ -192,19 +231,33 @@ def test_files_that_are_not_league_stores_are_refused_and_left_untouched(tmp_pat
     db.close()
     damaged = tmp_path / "damaged.sqlite"
     damaged.write_bytes(b"SQLite format 3\x00" + b"\xff" * 5000)
+    # Another program's databases with a `meta` table: one even says schema_version 1.
+    foreign = tmp_path / "foreign.sqlite"
+    with sqlite3.connect(foreign) as db:
+        db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)")
+        db.execute("INSERT INTO meta VALUES ('schema_version', 1)")
+        db.execute("CREATE TABLE players (name TEXT)")
+    db.close()
+    other_meta = tmp_path / "other_meta.sqlite"
+    with sqlite3.connect(other_meta) as db:
+        db.execute("CREATE TABLE meta (name TEXT, data BLOB)")
+    db.close()
 
     for path, reason in [
         (garbage, "not an SQLite database"),
         (other, "without the league tables"),
         (newer, f"schema version {SCHEMA_VERSION + 1}"),
         (damaged, "unreadable"),
+        (foreign, "without the league tables"),
+        (other_meta, "without the league tables"),
         (tmp_path, "not a file"),
     ]:
         files = {p: p.read_bytes() for p in tmp_path.iterdir()}
-        with pytest.raises(UserError, match=reason) as err:
-            LeagueStore(path)
-        assert str(path) in str(err.value) and "Move it away" in str(err.value)
-        assert {p: p.read_bytes() for p in tmp_path.iterdir()} == files
+        for read_only in (False, True):
+            with pytest.raises(UserError, match=reason) as err:
+                LeagueStore(path, read_only=read_only)
+            assert str(path) in str(err.value) and "Move it away" in str(err.value)
+            assert {p: p.read_bytes() for p in files} == files
 
 
 WRITER = """

@@ -154,11 +154,11 @@ def test_bad_parameters_are_named(spec, message):
 
 
 @pytest.fixture(scope="module")
-def python_domain():
+def python_domain(bubblewrap):
     from selfplay.roles.domains import Python
-    from selfplay.roles.sandbox import SandboxLimits
+    from selfplay.roles.sandbox import Sandbox, SandboxLimits
 
-    return Python(SandboxLimits(cpu_seconds=1, wall_seconds=3))
+    return Python(Sandbox(SandboxLimits(cpu_seconds=1, wall_seconds=3)))
 
 
 DOUBLE = "def f(x):\n    return x * 2"
@@ -203,10 +203,36 @@ def test_python_seed_tasks_cover_every_task_type(python_domain):
     assert {t.task_type for t in tasks} == {"deduction", "abduction", "induction"} and len(tasks) == 12
 
 
-def test_a_python_game_through_the_environment():
+@pytest.mark.usefixtures("bubblewrap")
+def test_a_python_game_through_the_environment_reports_its_sandbox_runs():
     env = make_env("proposer_solver(domain=python, task_type=deduction, attempts=2)")
     env.reset(seed=0)
+    env.game.training_metrics()  # the sandbox is shared in the process: start its figures afresh
     env.step(f"I will double it. <answer>\n{DOUBLE}\ninput: 21\n</answer>")
     assert "f(21)" in env.observe("solver_0")["state"]
     returns = play(env, ["<answer>42</answer>", "<answer>41</answer>"])
     assert returns == {"proposer": 0.5, "solver_0": 1.0, "solver_1": 0.0}
+    figures = env.game.training_metrics()
+    assert figures["sandbox/runs"] == 2.0  # the proposal, run twice to check that it is deterministic
+    assert 0 < figures["sandbox/start_ms"] < figures["sandbox/run_ms"]
+
+
+def test_the_sandbox_is_chosen_by_name_and_unsafe_says_so():
+    with pytest.raises(UserError, match="sandbox must be one of bubblewrap, unsafe"):
+        make_env("proposer_solver(domain=python, sandbox=docker)")
+    env = make_env("proposer_solver(domain=python, task_type=deduction, attempts=2, sandbox=unsafe)")
+    assert env.game.domain.sandbox.isolation == "unsafe"
+
+
+def test_without_bubblewrap_code_execution_refuses_to_start(monkeypatch):
+    from selfplay.roles import bubblewrap, sandbox
+
+    monkeypatch.setattr(bubblewrap.shutil, "which", lambda name: None)
+    bubblewrap.jail.cache_clear()
+    sandbox.shared_sandbox.cache_clear()
+    try:
+        with pytest.raises(UserError, match="apt-get install bubblewrap.*sandbox=unsafe"):
+            make_env("proposer_solver(domain=python)")
+    finally:
+        bubblewrap.jail.cache_clear()
+        sandbox.shared_sandbox.cache_clear()

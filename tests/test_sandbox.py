@@ -1,5 +1,6 @@
-"""The sandbox runs proposed code and contains what it does: every escape below must end as a
-specific ok=False result while this test process carries on."""
+"""The sandbox runs proposed code and reports what it did: results, errors, limits, and the audit
+hook's specific refusals (defence in depth inside the jail). That the jail itself holds when the
+hook is out of the way is tests/test_sandbox_escapes.py's subject."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import uuid
 import pytest
 
 from selfplay.errors import UserError
-from selfplay.roles.sandbox import DEFAULT_LIMITS, SandboxLimits, SandboxResult, run_function, verify, verify_many
+from selfplay.roles.sandbox import DEFAULT_LIMITS, Sandbox, SandboxLimits, SandboxResult
 
 UNBANNED = SandboxLimits(banned_modules=())  # to show what the audit hook alone stops
 
@@ -26,8 +27,11 @@ OS = loaded('_wrap_close').__init__.__globals__
 """
 
 
+pytestmark = pytest.mark.usefixtures("bubblewrap")
+
+
 def run(source: str, argument: str = "0", limits: SandboxLimits = DEFAULT_LIMITS) -> SandboxResult:
-    return run_function(source, "f", argument, limits)
+    return Sandbox(limits).run(source, "f", argument)
 
 
 def test_returns_the_repr_of_the_result():
@@ -94,9 +98,9 @@ def test_memory_bombs_hit_the_memory_limit(source):
     assert run(source) == SandboxResult(False, error="memory limit")
 
 
-def test_a_file_past_the_size_limit_is_refused():
-    source = "def f(x):\n    open('big', 'w').write('x' * 100_000)"
-    assert run(source, limits=SandboxLimits(file_size_kb=64)) == SandboxResult(False, error="file size limit")
+def test_no_file_can_be_written_even_in_the_working_directory():
+    source = "def f(x):\n    with open('out.txt', 'w') as out:\n        out.write('x')"
+    assert run(source) == SandboxResult(False, error="blocked: writing files")
 
 
 @pytest.mark.parametrize(
@@ -130,28 +134,7 @@ def test_sending_a_signal_to_the_trainer_is_blocked():
     assert run(source) == SandboxResult(False, error="blocked: sending a signal")
 
 
-def test_processes_the_task_may_start_do_not_outlive_it():
-    marker = f"0.{uuid.uuid4().int}"  # a unique extra fraction of a second to sleep, to find the process by
-    source = (
-        "import os\ndef f(x):\n    if os.fork() == 0:\n"
-        f"        os.execv('/bin/sleep', ['sleep', '60', {marker!r}])\n    return 1"
-    )
-    assert run(source, limits=SandboxLimits(processes=1, banned_modules=())) == SandboxResult(True, "1")
-    deadline = time.monotonic() + 5
-    while any(marker in _command_line(pid) for pid in os.listdir("/proc") if pid.isdigit()):
-        assert time.monotonic() < deadline, "the task's child outlived the run"
-        time.sleep(0.05)
-
-
-def _command_line(pid: str) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def test_writing_outside_the_working_directory_is_blocked_and_inside_allowed():
+def test_writing_outside_the_working_directory_is_blocked():
     escape = f"/tmp/sandbox_escape_{uuid.uuid4().hex}"
     blocked = SandboxResult(False, error="blocked: writing outside the working directory")
     assert run(f"def f(x):\n    open({escape!r}, 'w').write('x')") == blocked
@@ -159,12 +142,11 @@ def test_writing_outside_the_working_directory_is_blocked_and_inside_allowed():
     assert run(GADGET + f"def f(x):\n    OS['open']({escape!r}, OS['O_WRONLY'] | OS['O_CREAT'])") == blocked
     assert run(f"import os\ndef f(x):\n    os.rename('x', {escape!r})", limits=UNBANNED) == blocked
     assert not os.path.exists(escape)
-    inside = "def f(x):\n    open('out.txt', 'w').write('hello')\n    return open('out.txt').read()"
-    assert run(inside) == SandboxResult(True, "'hello'")
 
 
-def test_the_working_directory_is_removed_afterwards():
-    result = run("import os\ndef f(x):\n    open('left.txt', 'w').close()\n    return os.getcwd()", limits=UNBANNED)
+def test_the_unsafe_isolation_runs_in_a_working_directory_removed_afterwards():
+    sandbox = Sandbox(UNBANNED, isolation="unsafe")
+    result = sandbox.run("import os\ndef f(x):\n    open('left.txt', 'w').close()\n    return os.getcwd()", "f", "0")
     assert result.ok
     assert not os.path.exists(ast.literal_eval(result.output))
 
@@ -214,16 +196,16 @@ def test_the_network_is_blocked(source):
             "    partition = lambda self, sep: ('math', '', '')\ndef f(x):\n    return __import__(S('socket'))",
             "socket",
         ),
-        # Past the guarded import, loading a banned module still fails: here the process module that
-        # subprocess needs.
-        (
-            GADGET + "def f(x):\n    return loaded('ModuleSpec').__init__.__globals__['_gcd_import'](x)",
-            "_posixsubprocess",
-        ),
     ],
 )
 def test_banned_modules_cannot_be_imported(source, module):
     assert run(source, repr(module)) == SandboxResult(False, error=f"banned module '{module}'")
+
+
+def test_past_the_guarded_import_a_banned_extension_module_is_not_in_the_jail():
+    source = GADGET + "def f(x):\n    return loaded('ModuleSpec').__init__.__globals__['_gcd_import'](x)"
+    missing = "ModuleNotFoundError: No module named '_posixsubprocess'"
+    assert run(source, repr("_posixsubprocess")) == SandboxResult(False, error=missing)
 
 
 @pytest.mark.parametrize(
@@ -262,11 +244,11 @@ def test_ways_around_the_audit_hook_are_blocked(source, error):
     "source", ["def f(x):\n    return id(object())", "import random\ndef f(x):\n    return random.random()"]
 )
 def test_verify_rejects_nondeterministic_output(source):
-    assert verify(source, "f", "0") == SandboxResult(False, error="output is not deterministic")
+    assert Sandbox().verify(source, "f", "0") == SandboxResult(False, error="output is not deterministic")
 
 
 def test_verify_accepts_deterministic_output():
-    assert verify("def f(x):\n    return {'a': x, 'b': [x] * 2}", "f", "1") == SandboxResult(
+    assert Sandbox().verify("def f(x):\n    return {'a': x, 'b': [x] * 2}", "f", "1") == SandboxResult(
         True, "{'a': 1, 'b': [1, 1]}"
     )
 
@@ -277,7 +259,7 @@ def test_many_concurrent_verifications_finish_in_order_within_their_timeouts():
     tasks = [(loop if i % 4 == 0 else good, "f", str(i)) for i in range(64)]
     limits, workers = SandboxLimits(wall_seconds=3), 16
     start = time.monotonic()
-    results = verify_many(tasks, limits, workers)
+    results = Sandbox(limits).verify_many(tasks, workers)
     # Each worker verifies its share one after another, each verification at most two runs.
     assert time.monotonic() - start < (len(tasks) / workers + 1) * 2 * limits.wall_seconds + 10
     for i, result in enumerate(results):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import math
 import os
@@ -11,13 +12,16 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from selfplay.checkpoint import list_checkpoints
+from selfplay import checkpoint
+from selfplay.checkpoint import STATE_FILE, checkpoint_problem, checkpoint_step, list_checkpoints
 from selfplay.cli import main
 from selfplay.config import load_config
 from selfplay.errors import UserError
@@ -263,3 +267,107 @@ def test_a_moving_reference_moves_the_main_learners_and_leaves_lora_exploiters_o
         torch.equal(main.reference.state_dict()[k], v) for k, v in main.model.state_dict().items()
     )
     assert exploiter.config.reference_update_every == 0 and not exploiter.reference_moved
+
+
+class Killed(BaseException):
+    """A kill -9 where it is raised: nothing of the process runs on."""
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_model_dir, tmp_path_factory):
+    """A run trained to steps=3 with a checkpoint at every step; tests change copies of it."""
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    config = load_config(None, [*TINY, "steps=3", f"model={tiny_model_dir}", f"run_dir={run_dir}"])
+    Trainer(config, progress=False).run()
+    return run_dir
+
+
+@pytest.fixture
+def run_copy(finished_run, tmp_path):
+    return shutil.copytree(finished_run, tmp_path / "run")
+
+
+@pytest.mark.parametrize("damaged", ["model.safetensors", "optimizer.safetensors", "rng.safetensors"])
+def test_a_cut_short_file_makes_resume_pass_over_its_checkpoint_with_a_warning(run_copy, capsys, damaged):
+    last = run_copy / "checkpoints" / "step-000003"
+    saved = (last / "model.safetensors").read_bytes()
+    file = last / damaged
+    file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+    assert "incomplete metadata" in checkpoint_problem(last)
+    resume(run_copy, ["steps=3"])
+    warning = capsys.readouterr().err
+    assert f"checkpoint '{last}' is damaged ({damaged} is unreadable" in warning and "newest whole" in warning
+    # Resumed from step 2, the run replayed step 3 exactly and replaced the damaged checkpoint.
+    assert checkpoint_problem(last) is None and checkpoint_step(last) == 3
+    assert (last / "model.safetensors").read_bytes() == saved
+
+
+def test_a_checkpoint_whose_name_and_step_disagree_is_refused(run_copy):
+    checkpoints = run_copy / "checkpoints"
+    shutil.rmtree(checkpoints / "step-000003")
+    shutil.copytree(checkpoints / "step-000001", checkpoints / "step-000003")  # a step-1 checkpoint misnamed
+    with pytest.raises(UserError, match="holds step 1, not the step 3 its name says.*Rename it to step-000001"):
+        resume(run_copy, ["steps=4"])
+    assert [checkpoint_step(p) for p in list_checkpoints(run_copy)[:2]] == [1, 2]  # nothing rewound or overwritten
+
+
+def test_resuming_a_run_at_or_past_its_steps_says_so(run_copy, capsys):
+    checkpoints = {p.name: p.stat().st_mtime_ns for p in list_checkpoints(run_copy)}
+    assert main(["train", "--no-progress", "--resume", str(run_copy)]) == 0
+    assert f"Run '{run_copy}' is already at step 3 of steps=3: nothing to train. Raise steps" in capsys.readouterr().err
+    assert main(["train", "--no-progress", "--resume", str(run_copy), "steps=2"]) == 2
+    assert "at step 3, past steps=2" in capsys.readouterr().err
+    assert {p.name: p.stat().st_mtime_ns for p in list_checkpoints(run_copy)} == checkpoints
+
+
+def test_a_kill_while_pruning_leaves_no_checkpoint_that_looks_complete(run_copy, monkeypatch):
+    remove = shutil.rmtree
+
+    def killed_midway(path, *args, **kwargs):
+        if str(path).endswith(".deleting"):
+            (Path(path) / "model.safetensors").unlink()
+            raise Killed
+        remove(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", killed_midway)
+    with pytest.raises(Killed):
+        resume(run_copy, ["steps=4", "keep_checkpoints=2"])  # step 4's save prunes steps 1 and 2
+    monkeypatch.setattr(shutil, "rmtree", remove)
+    checkpoints = run_copy / "checkpoints"
+    assert (checkpoints / ".step-000001.deleting" / STATE_FILE).exists()
+    assert [p.name for p in list_checkpoints(run_copy)] == ["step-000002", "step-000003", "step-000004"]
+    assert all(checkpoint_problem(p) is None for p in list_checkpoints(run_copy))
+    resume(run_copy, ["steps=5", "keep_checkpoints=2"])  # the next save removes the leftover
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-000004", "step-000005"]
+
+
+@pytest.mark.parametrize(
+    "full_disk",
+    [
+        OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)),
+        # What safetensors raises when the disk fills under it.
+        SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
+    ],
+    ids=["oserror", "safetensors"],
+)
+def test_a_full_disk_stops_the_run_clearly_and_keeps_the_last_checkpoint(run_copy, monkeypatch, full_disk):
+    write = checkpoint.save_file
+
+    def disk_fills_up(tensors, filename, *args):
+        write(tensors, filename, *args)
+        if filename.endswith("rng.safetensors"):  # the weights and optimizer state are written by then
+            Path(filename).write_bytes(Path(filename).read_bytes()[:100])
+            raise full_disk
+
+    monkeypatch.setattr(checkpoint, "save_file", disk_fills_up)
+    with pytest.raises(UserError) as err:
+        resume(run_copy, ["steps=4"])
+    message = str(err.value)
+    assert "No space left on device" in message and "the disk holding it has" in message
+    assert "Free space on that disk" in message and f"--resume {run_copy}" in message
+    checkpoints = run_copy / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-000001", "step-000002", "step-000003"]
+    assert checkpoint_problem(checkpoints / "step-000003") is None
+    monkeypatch.setattr(checkpoint, "save_file", write)
+    resume(run_copy, ["steps=4"])  # once there is space again
+    assert list_checkpoints(run_copy)[-1].name == "step-000004"

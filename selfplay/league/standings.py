@@ -51,7 +51,7 @@ def open_league(run_dir: str | Path) -> LeagueStore:
             f"'{run_dir}' holds no league ({LEAGUE_FILE} is missing). Point at the run directory of a run "
             "trained with league.enabled=true."
         )
-    return LeagueStore(path)
+    return LeagueStore(path, read_only=True)
 
 
 def standings(players: list[LeaguePlayer], matches: list[LeagueMatch], ratings: list[tuple]) -> list[Standing]:

@@ -17,6 +17,7 @@ import math
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
 from types import MappingProxyType
 
@@ -66,11 +67,12 @@ _MATCH_COLUMNS = "step, game, seed, players, roles, versions, rewards, end_reaso
 
 class LeagueStore:
     """The league store of one run. Opening a file that is not a league store raises `UserError`
-    and leaves the file as it was."""
+    and leaves the file as it was. A `read_only` store never writes its file, and refuses one
+    that holds no league yet instead of creating it."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, read_only: bool = False):
         self.path = Path(path)
-        self._db = _open(self.path)
+        self._db = _open(self.path, read_only)
 
     def add_players(self, players: Sequence[LeaguePlayer]) -> None:
         """Add players outside a step (the initial population); all or none. A name already in
@@ -134,11 +136,8 @@ class LeagueStore:
     def matches(self, since_step: int = 0) -> list[LeagueMatch]:
         """The matches of steps `since_step` and later (all of them by default), in the order
         they were recorded."""
-        rows = self._db.execute(f"SELECT {_MATCH_COLUMNS} FROM matches WHERE step >= ? ORDER BY id", (since_step,))
-        return [
-            LeagueMatch(step, game, seed, *(tuple(json.loads(v)) for v in (players, roles, versions, rewards)), end)
-            for step, game, seed, players, roles, versions, rewards, end in rows
-        ]
+        rows = self._db.execute(f"SELECT id, {_MATCH_COLUMNS} FROM matches WHERE step >= ? ORDER BY id", (since_step,))
+        return [self._match(row) for row in rows]
 
     def ratings(self) -> list[tuple[int, str, float, float]]:
         """Every recorded rating as (step, player, mu, sigma), in the order they were recorded."""
@@ -183,6 +182,21 @@ class LeagueStore:
                 self._db.execute("ROLLBACK")
             raise
 
+    def _match(self, row: tuple) -> LeagueMatch:
+        """A match from its row (id first); a row no `record_step` could have written raises UserError."""
+        row_id, step, game, seed, *seats, end_reason = row
+        try:
+            players, roles, versions, rewards = (tuple(json.loads(text)) for text in seats)
+            if not len(players) == len(roles) == len(versions) == len(rewards) > 0:
+                raise ValueError("its players, roles, versions and rewards differ in number")
+        except (TypeError, ValueError) as err:
+            raise UserError(
+                f"The league store '{self.path}' is damaged: its match {row_id} (step {step}) cannot be read ({err}). "
+                f"Restore the file from a copy, or delete that match: sqlite3 '{self.path}' "
+                f"'DELETE FROM matches WHERE id = {row_id}'."
+            ) from None
+        return LeagueMatch(step, game, seed, players, roles, versions, rewards, end_reason)
+
     def _insert_players(self, players: Sequence[LeaguePlayer], retired_step: int | None) -> None:
         for p in players:
             try:
@@ -203,9 +217,9 @@ class LeagueStore:
                 raise ValueError(f"Cannot add player {p.name!r} to the league: {err}.") from None
 
 
-def _open(path: Path) -> sqlite3.Connection:
-    """Connect to the store at `path`, creating it if the file is new or empty; only reads the
-    file until it is known to be a league store."""
+def _open(path: Path, read_only: bool) -> sqlite3.Connection:
+    """Connect to the store at `path`, creating it if the file is new or empty (unless
+    `read_only`); only reads the file until it is known to be a league store."""
     if path.exists():
         if not path.is_file():
             raise _not_a_store(path, "not a file")
@@ -213,17 +227,24 @@ def _open(path: Path) -> sqlite3.Connection:
             header = f.read(len(_SQLITE_HEADER))
         if header and header != _SQLITE_HEADER:  # empty: a run killed while creating the store
             raise _not_a_store(path, "not an SQLite database")
+    elif read_only:
+        raise _not_a_store(path, "no such file")
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
     # isolation_level=None: no implicit transactions; `_transaction` and the schema set-up say
     # where each one begins and ends.
-    db = sqlite3.connect(path, isolation_level=None)
+    if read_only:
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None)
+    else:
+        db = sqlite3.connect(path, isolation_level=None)
     try:
         try:
             version = _schema_version(db, path)
         except sqlite3.DatabaseError as err:  # e.g. an SQLite header on a damaged file
             raise _not_a_store(path, f"unreadable: {err}") from None
         if version is None:
+            if read_only:
+                raise _not_a_store(path, "empty: its run stopped before it created the league")
             db.execute("BEGIN IMMEDIATE")
             if _schema_version(db, path) is None:  # unless another process created it meanwhile
                 for statement in _SCHEMA:
@@ -235,12 +256,13 @@ def _open(path: Path) -> sqlite3.Connection:
             db.execute("COMMIT")
         elif version != SCHEMA_VERSION:
             raise _not_a_store(path, f"league store schema version {version}; this selfplay reads {SCHEMA_VERSION}")
-        db.execute("PRAGMA journal_mode = WAL")
-        # In WAL mode a commit is in the log file once COMMIT returns, so NORMAL (no fsync per
-        # commit) loses nothing when the process is killed; only an OS crash or power cut may
-        # drop the last few commits, and it never corrupts the file.
-        db.execute("PRAGMA synchronous = NORMAL")
-        db.execute("PRAGMA foreign_keys = ON")
+        if not read_only:
+            db.execute("PRAGMA journal_mode = WAL")
+            # In WAL mode a commit is in the log file once COMMIT returns, so NORMAL (no fsync per
+            # commit) loses nothing when the process is killed; only an OS crash or power cut may
+            # drop the last few commits, and it never corrupts the file.
+            db.execute("PRAGMA synchronous = NORMAL")
+            db.execute("PRAGMA foreign_keys = ON")
     except BaseException:
         db.close()
         raise
@@ -248,16 +270,34 @@ def _open(path: Path) -> sqlite3.Connection:
 
 
 def _schema_version(db: sqlite3.Connection, path: Path) -> int | None:
-    """The store's schema version; None for an empty database."""
-    tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    if not tables:
+    """The store's schema version; None for an empty database. A database whose tables are not
+    the league's (another program's, with a `meta` table of its own) raises UserError."""
+    if db.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0] == 0:
         return None
     row = None
-    if "meta" in tables:
+    if _columns(db, "meta") == _schema_tables()["meta"]:
         row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-    if row is None:
+    # A newer schema may have other tables: its version is the clearer message.
+    if row is None or (row[0] == SCHEMA_VERSION and any(_columns(db, t) != c for t, c in _schema_tables().items())):
         raise _not_a_store(path, "an SQLite database without the league tables")
     return row[0]
+
+
+def _columns(db: sqlite3.Connection, table: str) -> tuple[str, ...]:
+    """The column names of `table`; none if there is no such table."""
+    return tuple(name for _, name, *_ in db.execute(f"PRAGMA table_info({table})"))
+
+
+@cache
+def _schema_tables() -> dict[str, tuple[str, ...]]:
+    """Each table of the league schema and its columns, as SQLite creates them."""
+    db = sqlite3.connect(":memory:")
+    for statement in _SCHEMA:
+        db.execute(statement)
+    tables = db.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
+    columns = {table: _columns(db, table) for (table,) in tables.fetchall()}
+    db.close()
+    return columns
 
 
 def _not_a_store(path: Path, reason: str) -> UserError:

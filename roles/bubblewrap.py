@@ -1,0 +1,235 @@
+"""The operating-system boundary around model-written code: a bubblewrap (`bwrap`) jail.
+
+Each run gets fresh user, PID, network, mount, IPC, UTS and cgroup namespaces, and sees a
+read-only root that holds only what the sandbox's runner needs: the Python interpreter, its
+shared libraries, and the standard library without site-packages and without the modules the
+sandbox bans (ctypes, sockets, subprocess, mmap, ...), so that a task that gets past the runner's
+import guard still finds no C code to call the kernel with. Its working directory is a fresh,
+empty tmpfs, read-only like the rest, so the task creates no files and writes no bytes: the
+file-count and file-size limits are zero. A seccomp filter refuses new processes (threads
+included), namespaces, mounts, device nodes, tracing, sockets and kernel keyrings. The task runs
+under the unprivileged uid 65534 ("nobody") outside the jail as well as inside when the trainer
+runs as root; otherwise under the trainer's own uid, which the namespaces keep from everything
+of the trainer's. No capability, no /proc, no network, and `--die-with-parent` plus the PID
+namespace end every process the task could leave behind.
+
+The root is a tree of hard links (copies across filesystems) built once per process in the
+temporary directory and removed at exit; `bwrap` is run as the uid that needs to read it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import functools
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from selfplay.errors import UserError
+
+NOBODY = 65534
+WORKDIR = "/work"
+INSTALL_HINT = (
+    "Model-written code runs only inside an operating-system sandbox, bubblewrap: install it "
+    "(Debian/Ubuntu: `apt-get install bubblewrap`; Fedora: `dnf install bubblewrap`), or, on a machine "
+    "you are willing to expose to the model's code, opt out with the game parameter sandbox=unsafe."
+)
+# Standard-library modules no task needs: tests, GUIs, terminals, installers, documentation data.
+_UNNEEDED = {
+    "site-packages", "test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "pydoc_data", "termios",
+    "_curses_panel", "_ctypes_test", "_testbuffer", "_testclinic", "_testimportmultiple", "_testmultiphase",
+    "_xxtestfuzz", "xxlimited", "xxlimited_35", "xxsubtype",
+}  # fmt: skip
+# Banned modules the runner itself imports before the task starts: they stay in the tree.
+_RUNNER_MODULES = {"os", "sys", "threading", "importlib", "resource"}
+CLONE_THREAD = 0x00010000
+TIOCSTI = 0x5412
+
+
+@dataclass(frozen=True)
+class Jail:
+    """A ready bubblewrap jail: the command that runs a Python program in it, and the seccomp
+    program it loads."""
+
+    root: Path  # the read-only tree mounted as the jail's /
+    python: str  # the interpreter's path inside the jail
+    library_path: str  # LD_LIBRARY_PATH inside the jail
+    seccomp: bytes  # compiled BPF, handed to bwrap through a descriptor
+    run_as: int | None  # the uid (and gid) bwrap runs as; None keeps the trainer's
+
+    def command(self, program: str, args: list[str], seccomp_fd: int) -> list[str]:
+        return [
+            "bwrap",
+            *("--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"),
+            *("--unshare-cgroup-try", "--disable-userns", "--die-with-parent", "--new-session", "--cap-drop", "ALL"),
+            *("--uid", str(NOBODY), "--gid", str(NOBODY), "--hostname", "sandbox"),
+            *("--ro-bind", str(self.root), "/"),
+            *("--dev-bind", "/dev/null", "/dev/null"),
+            *("--tmpfs", WORKDIR, "--remount-ro", WORKDIR, "--chdir", WORKDIR),
+            *("--clearenv", "--setenv", "LD_LIBRARY_PATH", self.library_path, "--setenv", "PATH", "/nonexistent"),
+            *("--seccomp", str(seccomp_fd)),
+            *(self.python, "-I", "-S", "-B", "-c", program, *args),
+        ]
+
+
+@functools.cache
+def jail(banned_modules: frozenset[str]) -> Jail:
+    """The process's jail, built on first use. Raises UserError saying how to install bubblewrap
+    when it is missing or cannot make namespaces here."""
+    if shutil.which("bwrap") is None:
+        raise UserError(f"bubblewrap (`bwrap`) is not installed. {INSTALL_HINT}")
+    run_as = NOBODY if os.geteuid() == 0 else None
+    root = _build_root(banned_modules)
+    library_dirs = sorted(
+        {str(p.parent.relative_to(root)) for p in root.rglob("*.so*") if p.parent.name != "lib-dynload"}
+    )
+    built = Jail(
+        root=root,
+        python=_real_executable(),
+        library_path=":".join("/" + d for d in library_dirs),
+        seccomp=_seccomp_program(),
+        run_as=run_as,
+    )
+    _check_works(built)
+    return built
+
+
+def spawn_options(built: Jail) -> dict:
+    """Keyword arguments for subprocess.Popen that start `bwrap` as the jail's uid."""
+    if built.run_as is None:
+        return {"cwd": "/"}
+    return {"cwd": "/", "user": built.run_as, "group": built.run_as, "extra_groups": []}
+
+
+def seccomp_descriptor(built: Jail) -> int:
+    """A fresh descriptor holding the seccomp program, for one bwrap to read."""
+    fd = os.memfd_create("sandbox-seccomp", os.MFD_CLOEXEC)
+    os.write(fd, built.seccomp)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _real_executable() -> str:
+    return os.path.realpath(sys._base_executable if hasattr(sys, "_base_executable") else sys.executable)
+
+
+def _build_root(banned_modules: frozenset[str]) -> Path:
+    """The jail's / : the interpreter, the shared libraries it and its extension modules load,
+    and the allowed standard library, each at its own absolute path."""
+    staging = Path(tempfile.mkdtemp(prefix="selfplay-jail-"))
+    atexit.register(shutil.rmtree, staging, True)
+    root = staging / "root"
+    excluded = (_UNNEEDED | set(banned_modules)) - _RUNNER_MODULES
+    stdlib = Path(sysconfig.get_paths()["stdlib"]).resolve()
+    extensions = []
+    for folder, subfolders, files in os.walk(stdlib):
+        top = Path(folder) == stdlib
+        if top:  # packages are excluded whole, by name
+            subfolders[:] = [d for d in subfolders if d not in excluded]
+        for name in files:
+            if name.partition(".")[0] in excluded and (top or Path(folder).name in ("__pycache__", "lib-dynload")):
+                continue
+            path = Path(folder) / name
+            if path.parent.name == "lib-dynload":
+                extensions.append(path)
+            elif path.suffix not in (".py", ".pyc") or ".opt-" in name:
+                continue
+            _place(root, path)
+    python = Path(_real_executable())
+    _place(root, python)
+    for library in _shared_libraries([python, *extensions]):
+        _place(root, library)
+    (root / "dev").mkdir(exist_ok=True)
+    (root / "dev" / "null").touch()
+    (root / WORKDIR.lstrip("/")).mkdir()
+    for directory in [staging, *(p for p in root.rglob("*") if p.is_dir()), root]:
+        directory.chmod(0o755)
+    return root
+
+
+def _place(root: Path, source: Path) -> None:
+    """Put the file `source` names at that absolute path under `root`: a hard link where the
+    filesystem allows and the file is readable by everyone, else a copy that is."""
+    target = root / str(source).lstrip("/")
+    if target.exists():
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    real = os.path.realpath(source)
+    try:
+        if not os.stat(real).st_mode & 0o004:
+            raise PermissionError(errno.EPERM, "not readable by everyone")
+        os.link(real, target)
+    except OSError:
+        shutil.copyfile(real, target)
+        target.chmod(0o755 if os.access(real, os.X_OK) else 0o644)
+
+
+_LDD_LINE = re.compile(r"(?:=>\s*)?(/\S+)\s+\(0x[0-9a-f]+\)")
+
+
+def _shared_libraries(binaries: list[Path]) -> set[Path]:
+    """Every shared library (and the dynamic loader) the binaries load, by `ldd`."""
+    found: set[Path] = set()
+    for binary in binaries:
+        listing = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=False).stdout
+        found.update(Path(m[1]) for m in _LDD_LINE.finditer(listing))
+    return found
+
+
+def _seccomp_program() -> bytes:
+    """A filter that allows every system call but these: new processes (a clone without
+    CLONE_THREAD, fork, vfork; clone3 answers ENOSYS so that the C library falls back to clone),
+    sockets, namespaces and mounts, device nodes, tracing and other processes' memory and
+    descriptors, kernel keyrings, BPF, perf, userfaultfd, io_uring, modules, and faking terminal
+    input."""
+    import pyseccomp as seccomp
+
+    denied = (
+        "fork vfork socket socketpair ptrace process_vm_readv process_vm_writev kcmp pidfd_open pidfd_getfd "
+        "pidfd_send_signal unshare setns mount umount2 pivot_root chroot open_tree move_mount fsopen fsmount "
+        "fsconfig fspick mount_setattr mknod mknodat keyctl add_key request_key bpf perf_event_open userfaultfd "
+        "io_uring_setup io_uring_enter io_uring_register kexec_load kexec_file_load init_module finit_module "
+        "delete_module reboot swapon swapoff acct quotactl sethostname setdomainname syslog iopl ioperm "
+        "name_to_handle_at open_by_handle_at"
+    ).split()
+    program = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
+    for name in denied:
+        try:
+            program.add_rule(seccomp.ERRNO(errno.EPERM), name)
+        except (RuntimeError, ValueError, OSError):  # not a system call on this architecture
+            continue
+    program.add_rule(seccomp.ERRNO(errno.EPERM), "clone", seccomp.Arg(0, seccomp.MASKED_EQ, CLONE_THREAD, 0))
+    program.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
+    program.add_rule(seccomp.ERRNO(errno.EPERM), "ioctl", seccomp.Arg(1, seccomp.MASKED_EQ, 0xFFFFFFFF, TIOCSTI))
+    with tempfile.TemporaryFile() as exported:
+        program.export_bpf(exported)
+        exported.seek(0)
+        return exported.read()
+
+
+def _check_works(built: Jail) -> None:
+    """Run one trivial program in the jail, so that a machine without user namespaces fails here
+    with bwrap's own reason rather than at the first task."""
+    fd = seccomp_descriptor(built)
+    try:
+        done = subprocess.run(
+            built.command("print(6 * 7)", [], fd),
+            pass_fds=(fd,),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+            **spawn_options(built),
+        )
+    finally:
+        os.close(fd)
+    if done.stdout.strip() != "42":
+        reason = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        raise UserError(f"bubblewrap cannot start a sandbox on this machine ({reason}). {INSTALL_HINT}")
