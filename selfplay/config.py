@@ -22,7 +22,7 @@ from selfplay.errors import UserError
 
 # The largest count or step a setting takes: a C int, which every library below reads.
 MAX_COUNT = 2**31 - 1
-MAX_SEED = 2**32 - 1  # 32 bits, as numpy's and OpenSpiel's generators take them
+MAX_SEED = 2**32 - 1  # a 32-bit seed, which every random generator here takes
 MAX_EPISODES = 1_000_000  # games per evaluation pairing: their seeds are drawn up front
 # A config is a few kilobytes; these bound what a file or an override may make the loader
 # build, so that a YAML alias bomb ("billion laughs") is refused rather than expanded.
@@ -55,7 +55,7 @@ class Bounds:
         return f"{low} and {'below' if self.high_open else 'at most'} {self.high}"
 
 
-# Plain `int` fields are counts from 0 to MAX_COUNT; plain `float` fields any finite number.
+# A plain `int` field is a count from 0 to MAX_COUNT; a `float` field names its range, and is finite.
 AtLeastOne = Annotated[int, Bounds(1, MAX_COUNT)]
 NonNegative = Annotated[float, Bounds(0)]
 Positive = Annotated[float, Bounds(0, low_open=True)]
@@ -242,7 +242,7 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConf
     if path is not None:
         raw = read_yaml(path, "config") or {}
         if not isinstance(raw, dict):
-            raise UserError(f"Config '{path}' must be a mapping of keys to values.")
+            raise UserError(f"The config '{path}' must be a mapping of keys to values.")
     for override in overrides:
         key, sep, value = override.partition("=")
         if not sep or not key:
@@ -264,11 +264,15 @@ def read_yaml(path: str | Path, what: str) -> Any:
     except (OSError, ValueError) as err:  # ValueError: a path holding a NUL character
         raise UserError(f"Cannot read {what} '{path}': {getattr(err, 'strerror', None) or err}.") from None
     if len(data) > MAX_CONFIG_BYTES:
-        raise UserError(f"The {what} '{path}' is larger than {MAX_CONFIG_BYTES >> 20} MiB: give a YAML file.")
+        raise UserError(
+            f"The {what} '{path}' is larger than {MAX_CONFIG_BYTES >> 20} MiB: it should be a short YAML file."
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise UserError(f"The {what} '{path}' is not UTF-8 text (at byte {err.start}): give a YAML file.") from None
+        raise UserError(
+            f"The {what} '{path}' is not UTF-8 text (at byte {err.start}): it should be a YAML file."
+        ) from None
     return parse_yaml(text, f"The {what} '{path}'")
 
 

@@ -130,3 +130,23 @@ def test_play_with_a_model_agent_is_reproducible(capsys, tiny_model_dir):
 def test_unknown_model_path_is_a_user_error(capsys, tmp_path):
     code, _, err = run_cli(capsys, "play", "tictactoe", "--agents", f"model:{tmp_path}/missing,random", "--no-progress")
     assert code == 2 and "missing" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("verb", "option", "value", "message"),
+    [
+        ("play", "--seed", "-1", "argument --seed: expected a whole number from 0 to 4294967295, got '-1'"),
+        ("eval", "--seed", "-1", "argument --seed: expected a whole number from 0 to 4294967295, got '-1'"),
+        ("play", "--episodes", str(2**64), "argument --episodes: expected a whole number from 1 to 1000000"),
+        ("eval", "--episodes", str(2**64), "argument --episodes: expected a whole number from 1 to 1000000"),
+        ("play", "--temperature", "nan", "argument --temperature: expected a number at least 0, got 'nan'"),
+        ("play", "--max-turns", "0", "argument --max-turns: expected a whole number from 1 to 2147483647"),
+    ],
+)
+def test_numeric_options_out_of_range_are_one_line_errors(capsys, verb, option, value, message):
+    args = {"play": ["play", "tictactoe", "--agents", "random,random"], "eval": ["eval", "--checkpoints", "x"]}
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args[verb], option, value])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith(f"selfplay: error: {message}")
+    assert err.count("\n") == 1 and f"(see `selfplay {verb} --help`)" in err
