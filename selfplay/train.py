@@ -565,9 +565,12 @@ class Trainer:
 
 
 def start_run_dir(run_dir: Path, config: TrainConfig) -> None:
-    """Make the run directory and write the run's config there."""
+    """Make the run directory of a new run and write its config there. An earlier attempt that
+    saved no checkpoint may have left a league store: the new run's league starts afresh."""
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
+        for stale in run_dir.glob(f"{LEAGUE_FILE}*"):  # with SQLite's -wal and -shm files
+            stale.unlink()
         (run_dir / CONFIG_FILE).write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
     except OSError as err:
         raise UserError(f"Cannot make the run directory '{run_dir}': {err.strerror}. Choose another run_dir.") from None

@@ -233,7 +233,9 @@ def test_a_config_file_of_any_content_trains_or_fails_in_one_line(content, micro
     assert_run_dirs_complete(workdir, before, run_cli(argv, capsys), argv)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(text=st.text(max_size=200) | st.binary(max_size=200).map(lambda b: b.decode("latin-1")))
 def test_any_config_text_is_accepted_or_named(text, tmp_path):
     path = tmp_path / "fuzzed.yaml"

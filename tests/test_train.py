@@ -224,6 +224,19 @@ def test_a_new_run_may_reuse_the_directory_of_one_that_stopped_before_its_first_
     assert [p.name for p in list_checkpoints(run_dir)] == ["step-000001"]
 
 
+def test_a_new_league_run_in_the_directory_of_one_that_saved_nothing_starts_its_own_league(tiny_model_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    common = [*TINY, "league.enabled=true", f"model={tiny_model_dir}", f"run_dir={run_dir}"]
+    stopped = Trainer(load_config(None, [*common, "league.scripted=[random]"]), progress=False)
+    stopped.writer.close()
+    stopped.league.store.close()
+    assert "random" in stopped.league.players and not list_checkpoints(run_dir)
+    trainer = Trainer(load_config(None, [*common, "league.scripted=[mcts:5]"]), progress=False)
+    assert "mcts:5" in trainer.league.players and "random" not in trainer.league.players
+    trainer.writer.close()
+    trainer.league.store.close()
+
+
 def test_a_killed_run_resumes_from_its_last_checkpoint(tiny_model_dir, tmp_path):
     """kill -9 in the middle of a run: the resumed run starts after the last complete
     checkpoint, finishes, and has logged every step exactly once."""
