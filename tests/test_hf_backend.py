@@ -86,11 +86,15 @@ def test_a_bf16_backend_holds_bf16_weights_and_casts_fp32_updates(tiny_model_dir
     prompts = game_prompts(backend.tokenizer)
     sampled = backend.generate(prompts, SamplingSettings(max_new_tokens=6, seed=0))
     # Sampling (batched, padded, cached) and one plain forward round differently in bf16: with
-    # these perturbed weights the logits reach the tens, and the two differ by up to about 0.07.
-    # Log-probs under the weights the update replaced differ by far more.
+    # these perturbed weights the logits reach the tens, where bf16's 8-bit mantissa steps by
+    # 0.06 to 0.125, and the two have differed by up to 0.12 (the tiny model's tokenizer, and so
+    # these numbers, change with the games' texts). Under the replaced weights they differ by
+    # several nats.
     original = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     for prompt, generation in zip(prompts, sampled):
         assert generation.token_ids and generation.policy_version == 1
         logprobs = torch.tensor(generation.logprobs)
-        assert torch.allclose(logprobs, recomputed_logprobs(backend.model, prompt, generation.token_ids, 1.0), atol=0.1)
+        assert torch.allclose(
+            logprobs, recomputed_logprobs(backend.model, prompt, generation.token_ids, 1.0), atol=0.25
+        )
         assert (logprobs - recomputed_logprobs(original, prompt, generation.token_ids, 1.0)).abs().max() > 0.5
