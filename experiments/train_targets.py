@@ -10,8 +10,8 @@ policy before and after:
   the model gives each legal move at every information state; uniform play is 0.458), and its
   probability of betting or calling at each of them.
 
-    python benchmarks/train_targets.py configs/tictactoe.yaml --minutes 20
-    python benchmarks/train_targets.py configs/kuhn_poker.yaml --minutes 20 [key=value ...]
+    python experiments/train_targets.py configs/tictactoe.yaml --minutes 20
+    python experiments/train_targets.py configs/kuhn_poker.yaml --minutes 20 [key=value ...]
 
 The run stops after --minutes of training or at the config's `steps`, whichever comes first
 (a learning-rate schedule decays across `steps`).

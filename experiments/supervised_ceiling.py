@@ -1,6 +1,6 @@
 """How fast can a language model learn TicTacToe's one-move tactics when it is told the answer?
 
-`benchmarks/tabular_ceiling.py` bounds what training reaches from the games' side: a policy that
+`experiments/tabular_ceiling.py` bounds what training reaches from the games' side: a policy that
 tells every board apart. This script bounds it from the model's side. It trains the model by
 cross-entropy on labelled positions: where a move wins at once, the winning moves; else, where
 some moves leave the opponent a win at once, the moves that do not
@@ -40,10 +40,10 @@ A window changes what a trained model computes, so compare windows on untrained 
 (`python -m selfplay.warm_start DIR --untrained --measure-only` writes the default model's
 untrained weights to DIR).
 
-    python benchmarks/supervised_ceiling.py --steps 300 --batch-size 32 --lr 3e-4
-    python benchmarks/supervised_ceiling.py --prompt board --steps 1000 --every 250
-    python benchmarks/supervised_ceiling.py --read-first 1500 --steps 500 --every 125
-    python benchmarks/supervised_ceiling.py --model DIR --prompt rules-board --sliding-window 32 --lr 1e-4
+    python experiments/supervised_ceiling.py --steps 300 --batch-size 32 --lr 3e-4
+    python experiments/supervised_ceiling.py --prompt board --steps 1000 --every 250
+    python experiments/supervised_ceiling.py --read-first 1500 --steps 500 --every 125
+    python experiments/supervised_ceiling.py --model DIR --prompt rules-board --sliding-window 32 --lr 1e-4
 """
 
 from __future__ import annotations

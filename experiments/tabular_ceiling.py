@@ -22,11 +22,11 @@ It measures what issue-style targets ask of the language model:
 
 A language-model policy pays for the same games with far more compute and must also learn to
 read the state, so at the same number of games these figures bound what
-`benchmarks/train_targets.py` shows, apart from what a model generalises across states.
+`experiments/train_targets.py` shows, apart from what a model generalises across states.
 
-    python benchmarks/tabular_ceiling.py kuhn_poker --steps 300 --games-per-step 128 --lr 0.01 0.03 --kl 0 0.2
-    python benchmarks/tabular_ceiling.py tic_tac_toe --steps 130 --games-per-step 64 --opponents self random
-    python benchmarks/tabular_ceiling.py tic_tac_toe --policy perceptron --steps 600 --games-per-step 64 \
+    python experiments/tabular_ceiling.py kuhn_poker --steps 300 --games-per-step 128 --lr 0.01 0.03 --kl 0 0.2
+    python experiments/tabular_ceiling.py tic_tac_toe --steps 130 --games-per-step 64 --opponents self random
+    python experiments/tabular_ceiling.py tic_tac_toe --policy perceptron --steps 600 --games-per-step 64 \
         --opponents self random --lr 3e-4 1e-3 --kl 0.1 --reference-every 35 --minibatches 4 \
         --turn-discount 0.3 --lr-schedule linear
 """
