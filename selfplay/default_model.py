@@ -23,7 +23,8 @@ from selfplay.untrained_model import build_untrained
 from selfplay.warm_start import BATCH_SIZE, LR, PRECISION, STEPS, TILT, VIEW_SHARE, warm_start
 
 DEFAULT_MODEL = "default"
-# Bumped whenever the recipe changes, so that a cached default model is rebuilt.
+# Bumped whenever the recipe changes (here, in `untrained_model` or in `warm_start`), so that a
+# cached default model is rebuilt.
 DEFAULT_MODEL_VERSION = 7
 BUILD_INFO = "selfplay_build.json"
 
