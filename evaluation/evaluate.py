@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from selfplay.backends import PolicyBackend
 from selfplay.checkpoint import STATE_FILE, checkpoint_problem, checkpoint_step, latest_checkpoint, list_checkpoints
-from selfplay.config import MAX_EPISODES, Bounds, build_section, read_yaml
+from selfplay.config import MAX_EPISODES, Bounds, build_section, find_yaml, load_config, read_yaml
 from selfplay.errors import UserError
 from selfplay.evaluation.exploitability import SUPPORTED_GAMES
 from selfplay.evaluation.ratings import fit_elo
@@ -37,9 +37,9 @@ from selfplay.evaluation.scoreboard import seat_outcome, wilson_interval
 from selfplay.games import make_game
 from selfplay.records import Trajectory
 from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
+from selfplay.run_dir import RunDir
 
 POLICY = "policy"  # the label of the evaluated model in its games against fixed opponents
-SUITES_DIR = Path(__file__).resolve().parent.parent / "configs" / "suites"
 
 
 @dataclass(frozen=True)
@@ -122,19 +122,16 @@ def find_candidates(specs: Sequence[str]) -> list[Candidate]:
 
 
 def _snapshot_candidate(path: Path) -> Candidate:
-    from selfplay.config import load_config
-    from selfplay.train import CONFIG_FILE, SNAPSHOTS_DIR
-
-    depth = len(Path(SNAPSHOTS_DIR).parts)
-    run_dir = path.parents[depth] if len(path.parents) > depth else None
+    run = RunDir.of_snapshot(path)
     name, _, step = path.stem.rpartition("@")
-    if run_dir is None or not path.is_file() or not (run_dir / CONFIG_FILE).exists() or not step.isdigit():
+    if run is None or not path.is_file() or not run.config.exists() or not step.isdigit():
+        layout = RunDir("RUN_DIR")
         raise UserError(
-            f"'{path}' is not a league snapshot: expected an existing RUN_DIR/{SNAPSHOTS_DIR}/PLAYER@STEP.safetensors "
-            f"inside a run directory with its {CONFIG_FILE}."
+            f"'{path}' is not a league snapshot: expected an existing {layout.snapshot('PLAYER@STEP')} "
+            f"inside a run directory with its {layout.config.name}."
         )
     # The run's checkpoints carry the model's configuration and tokenizer as the run used them.
-    model = str(latest_checkpoint(run_dir)) if list_checkpoints(run_dir) else load_config(run_dir / CONFIG_FILE).model
+    model = str(latest_checkpoint(run.path)) if list_checkpoints(run.path) else load_config(run.config).model
     return Candidate(path.stem, model, int(step), str(path))
 
 
@@ -150,12 +147,9 @@ class Suite:
 
 
 def load_suite(name: str) -> dict:
-    """A suite's settings (`games`, `opponents`, `episodes`) from `configs/suites/NAME.yaml`,
-    or from a YAML file path."""
-    path = Path(name) if name.endswith((".yaml", ".yml")) else SUITES_DIR / f"{name}.yaml"
-    if not path.exists():
-        known = sorted(p.stem for p in SUITES_DIR.glob("*.yaml"))
-        raise UserError(f"Unknown suite '{name}'. Suites in {SUITES_DIR}: {', '.join(known) or 'none'}.")
+    """A suite's settings (`games`, `opponents`, `episodes`) from a YAML file, or from the suite
+    of that name installed from `configs/suites/`."""
+    path = find_yaml(name, "suite", "suites")
     suite = read_yaml(path, "suite") or {}
     if not isinstance(suite, dict) or set(suite) - {"games", "opponents", "episodes"} or not suite.get("games"):
         raise UserError(f"Suite '{path}' must be a mapping that lists `games` and may set `opponents` and `episodes`.")

@@ -32,6 +32,7 @@ from selfplay.default_model import resolve_model
 from selfplay.evaluation.exact_play import exact_report
 from selfplay.evaluation.exploitability import exploitability_of, move_probabilities
 from selfplay.match import play_series
+from selfplay.scoring import pick_device
 from selfplay.train import Trainer, rollout_settings
 
 
@@ -65,7 +66,7 @@ def load(model_dir: str):
     tokenizer."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    return model.to("cuda" if torch.cuda.is_available() else "cpu").eval(), tokenizer
+    return model.to(pick_device()).eval(), tokenizer
 
 
 def measure(model_dir: str, games: list[str], episodes: int, seed: int, rollout: RolloutConfig) -> dict:

@@ -24,7 +24,8 @@ from selfplay.records import Turn
 Outcome = Mapping[str, float]
 
 
-def game_and_role(turn: Turn) -> Hashable:
+def game_and_role(turn: Turn) -> tuple[str, str]:
+    """The default advantage key: one baseline per role in each game (environment)."""
     return (turn.game, turn.role)
 
 

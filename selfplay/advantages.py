@@ -29,24 +29,24 @@ Pure functions of plain data, no torch.
 
 from __future__ import annotations
 
+import typing
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Literal
 
 import numpy as np
 
 from selfplay.errors import UserError
 from selfplay.records import Trajectory, Turn
+from selfplay.roles.base import game_and_role
 
 Key = Hashable
 KeyFn = Callable[[Turn], Hashable]
 Advantages = list[tuple[float, ...]]  # one tuple per trajectory, one advantage per turn
 
-ESTIMATORS = ("rae", "turn_level", "grpo", "dr_grpo", "rloo", "trr++", "reinforce")
-
-
-def role_key(turn: Turn) -> tuple[str, str]:
-    """The default grouping: one baseline per role in each game."""
-    return (turn.game, turn.role)
+# What `advantages.estimator` may name.
+Estimator = Literal["rae", "turn_level", "grpo", "dr_grpo", "rloo", "trr++", "reinforce"]
+ESTIMATORS: tuple[str, ...] = typing.get_args(Estimator)
 
 
 def _parts(trajectory: Trajectory, key: KeyFn) -> list[tuple[Hashable, float, list[int]]]:
@@ -88,7 +88,7 @@ def rae(
     trajectories: Sequence[Trajectory],
     baselines: Mapping[Key, float],
     decay: float = 0.95,
-    key: KeyFn = role_key,
+    key: KeyFn = game_and_role,
     state_prior: float | None = None,
 ) -> tuple[Advantages, dict[Key, float]]:
     """SPIRAL's role-conditioned advantages: A = R - b[key], then b <- decay*b + (1-decay)*R.
@@ -139,7 +139,7 @@ def _returns_by_state(trajectories: Sequence[Trajectory], key: KeyFn) -> dict[tu
 
 def turn_level_returns(
     trajectories: Sequence[Trajectory],
-    key: KeyFn = role_key,
+    key: KeyFn = game_and_role,
     valid_turn_bonus: float = 0.0,
     eps: float = 1e-6,
 ) -> Advantages:
@@ -172,13 +172,13 @@ def _start_groups(trajectories: Sequence[Trajectory], key: KeyFn) -> dict[Hashab
 
 
 def grpo(
-    trajectories: Sequence[Trajectory], key: KeyFn = role_key, scale: bool = True, eps: float = 1e-6
+    trajectories: Sequence[Trajectory], key: KeyFn = game_and_role, scale: bool = True, eps: float = 1e-6
 ) -> Advantages:
     """GRPO: seat return minus its group's mean, divided by the group's std unless `scale` is off (Dr.GRPO)."""
     return _assemble(trajectories, _whiten_groups(_start_groups(trajectories, key), eps, scale))
 
 
-def rloo(trajectories: Sequence[Trajectory], key: KeyFn = role_key) -> Advantages:
+def rloo(trajectories: Sequence[Trajectory], key: KeyFn = game_and_role) -> Advantages:
     """REINFORCE leave-one-out: seat return minus the mean return of the other members of its group."""
     values = []
     for entries in _start_groups(trajectories, key).values():
@@ -188,7 +188,7 @@ def rloo(trajectories: Sequence[Trajectory], key: KeyFn = role_key) -> Advantage
     return _assemble(trajectories, values)
 
 
-def trr_plus_plus(trajectories: Sequence[Trajectory], key: KeyFn = role_key, eps: float = 1e-6) -> Advantages:
+def trr_plus_plus(trajectories: Sequence[Trajectory], key: KeyFn = game_and_role, eps: float = 1e-6) -> Advantages:
     """Absolute Zero's TRR++: seat returns whitened separately per key (task type x role) over the batch."""
     groups: dict[Hashable, list[tuple[int, list[int], float]]] = {}
     for traj_index, trajectory in enumerate(trajectories):
@@ -224,7 +224,7 @@ def estimate(
     baselines: Mapping[Key, float],
     *,
     decay: float = 0.95,
-    key: KeyFn = role_key,
+    key: KeyFn = game_and_role,
     turn_discount: float = 1.0,
     state_prior: float | None = None,
 ) -> tuple[Advantages, dict[Key, float]]:

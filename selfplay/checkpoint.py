@@ -37,6 +37,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from selfplay.errors import UserError
+from selfplay.run_dir import RunDir
 
 STATE_FILE = "trainer_state.json"
 REFERENCE_FILE = "reference.safetensors"
@@ -50,10 +51,6 @@ REQUIRED_FILES = ("config.json", "model.safetensors", "optimizer.safetensors", "
 READ_ERRORS = (OSError, ValueError, KeyError, TypeError, SafetensorError)
 
 
-def checkpoints_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "checkpoints"
-
-
 def save_checkpoint(
     run_dir: str | Path,
     step: int,
@@ -65,7 +62,7 @@ def save_checkpoint(
     """Write the checkpoint of `step`: `learner` and the trainer `state`, and each exploiter's
     (learner, state) by name. Then delete all but the newest `keep`. A write that fails raises
     UserError and leaves the checkpoints as they were."""
-    root = checkpoints_dir(run_dir)
+    root = RunDir(run_dir).checkpoints
     root.mkdir(parents=True, exist_ok=True)
     for leftover in root.glob(f".{PREFIX}*"):  # of a save or a deletion that a crash cut short
         if leftover.name.endswith((PARTIAL, DELETING)):
@@ -95,7 +92,7 @@ def save_checkpoint(
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
     """The run's checkpoints, oldest first, damaged ones included (see `checkpoint_problem`)."""
-    root = checkpoints_dir(run_dir)
+    root = RunDir(run_dir).checkpoints
     if not root.is_dir():
         return []
     found = [p for p in root.iterdir() if _named_step(p) is not None and (p / STATE_FILE).exists()]
@@ -108,7 +105,7 @@ def latest_checkpoint(run_dir: str | Path) -> Path:
     checkpoints = list_checkpoints(run_dir)
     if not checkpoints:
         raise UserError(
-            f"No checkpoint in '{checkpoints_dir(run_dir)}' to resume from. Start the run without --resume, "
+            f"No checkpoint in '{RunDir(run_dir).checkpoints}' to resume from. Start the run without --resume, "
             "or point --resume at the run directory that holds the checkpoints."
         )
     for path in reversed(checkpoints):
@@ -122,7 +119,7 @@ def latest_checkpoint(run_dir: str | Path) -> Path:
             file=sys.stderr,
         )
     raise UserError(
-        f"Every checkpoint in '{checkpoints_dir(run_dir)}' is damaged (see the warnings above). Restore one from "
+        f"Every checkpoint in '{RunDir(run_dir).checkpoints}' is damaged (see the warnings above). Restore one from "
         "a copy, or start a new run."
     )
 

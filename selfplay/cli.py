@@ -11,7 +11,7 @@ from pathlib import Path
 
 from selfplay.agents import agent_help
 from selfplay.backends import BACKENDS, SamplingSettings
-from selfplay.config import MAX_COUNT, MAX_EPISODES, MAX_SEED, Bounds
+from selfplay.config import MAX_COUNT, MAX_EPISODES, MAX_SEED, Bounds, find_yaml, load_config
 from selfplay.errors import UserError
 from selfplay.evaluation.scoreboard import format_table, tally
 from selfplay.games import InvalidMovePolicy, describe_games
@@ -19,6 +19,7 @@ from selfplay.games.registry import ENTRY_POINT_GROUP
 from selfplay.legal_decoding import DECODINGS
 from selfplay.match import play_series
 from selfplay.prompts import PROMPT_STYLES
+from selfplay.run_dir import RunDir
 
 DECODING_HELP = "free: the model writes any text; legal: only answers naming a legal move (default free)"
 PROMPT_HELP = (
@@ -66,7 +67,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     overrides = [word for word in (args.config, *args.overrides) if word is not None]
     config = overrides.pop(0) if overrides and "=" not in overrides[0] else None  # else only overrides
-    metrics = train_command(config, overrides, args.resume, progress=not args.no_progress)
+    recipe = find_yaml(config, "recipe") if config is not None else None
+    metrics = train_command(recipe, overrides, args.resume, progress=not args.no_progress)
     # The last step's figures, and its evaluation against the fixed opponents when it ran one.
     shown = ("reward/", "vs/", "turns/invalid", "eval/")
     summary = {k: round(v, 4) for k, v in metrics.items() if k.startswith(shown)}
@@ -109,14 +111,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_league_show(args: argparse.Namespace) -> int:
-    from selfplay.config import load_config
     from selfplay.league.standings import show
-    from selfplay.train import CONFIG_FILE
 
-    config_path = Path(args.run_dir) / CONFIG_FILE
-    if not config_path.exists():
-        raise UserError(f"'{args.run_dir}' is not a run directory: it has no {CONFIG_FILE}.")
-    config = load_config(config_path)
+    config = load_config(RunDir(args.run_dir).saved_config())
     if args.csv is not None:
         _make_output_dir(args.csv, "--csv")
     print(show(args.run_dir, config.league.payoff_decay, args.csv))
@@ -234,7 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
         "config and TensorBoard logs go to the config's run_dir.",
     )
     train.add_argument(
-        "config", nargs="?", help="YAML config, e.g. configs/quickstart.yaml (without one, the defaults)"
+        "config",
+        nargs="?",
+        help="a YAML config, or the name of a recipe in configs/, e.g. quickstart (without one, the defaults)",
     )
     train.add_argument(
         "overrides", nargs="*", help="dotted overrides, e.g. steps=20 learner.lr=1e-5 rollout.games_per_step=32"
@@ -259,7 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
         "name, or default)",
     )
     evaluation.add_argument("--games", nargs="+", metavar="SPEC", help="game specs (see `selfplay games list`)")
-    evaluation.add_argument("--suite", help="a suite in configs/suites (train, held_out) or a suite YAML file")
+    evaluation.add_argument(
+        "--suite", help="a suite YAML file, or the name of a suite in configs/suites (train, held_out)"
+    )
     evaluation.add_argument(
         "--opponents", help=f"comma-separated agent specs (default: the suite's, else random). {agent_help()}"
     )

@@ -13,11 +13,13 @@ import reprlib
 import types
 import typing
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 
+from selfplay.advantages import Estimator
 from selfplay.errors import UserError
 
 # The largest count or step a setting takes: a C int, which every library below reads.
@@ -97,7 +99,7 @@ GROUPED_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
 
 @dataclass(frozen=True)
 class AdvantageConfig:
-    estimator: Literal["rae", "turn_level", "grpo", "dr_grpo", "rloo", "trr++", "reinforce"] = "rae"
+    estimator: Estimator = "rae"
     decay: Fraction = 0.95  # RAE's baseline decay
     # RAE only: baseline each turn on the batch's other plays of the same prompt, shrunk towards
     # the role's baseline as if it were this many more plays; null keeps one baseline per role.
@@ -253,6 +255,21 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConf
 
 def config_to_dict(config) -> dict:
     return dataclasses.asdict(config)
+
+
+def find_yaml(name: str, what: str, folder: str = "") -> Path:
+    """The YAML file `name` stands for: the file itself when it ends in .yaml or .yml, else the
+    `what` (recipe, suite) of that name installed with selfplay from `configs/` (in its `folder`).
+    Raises UserError, listing the installed ones, if there is no such one."""
+    if name.endswith((".yaml", ".yml")):
+        return Path(name)
+    installed = resources.files("selfplay.configs")
+    if folder:
+        installed = installed / folder
+    known = sorted(entry.name.removesuffix(".yaml") for entry in installed.iterdir() if entry.name.endswith(".yaml"))
+    if name not in known:
+        raise UserError(f"Unknown {what} '{name}': give a YAML file (NAME.yaml), or one of {', '.join(known)}.")
+    return Path(str(installed / f"{name}.yaml"))
 
 
 def read_yaml(path: str | Path, what: str) -> Any:

@@ -1,14 +1,11 @@
-"""The built-in default model, built offline.
+"""The built-in default model, and what a model setting names.
 
 No model hub is reachable on the machines selfplay must run on, so the default model is made
-here: a byte-level BPE tokenizer trained on the text of selfplay's own games, with a ChatML
-chat template, and a small Qwen2 causal LM (head size 64, which vLLM's CPU backend supports),
-saved as an ordinary Hugging Face model directory. `model: default` names it; any Hugging
-Face model name or local path works through the same setting.
-
-Like a pretrained base model, the default model starts out writing well-formed answers: it is
-warm-started on random legal play (`selfplay.warm_start`), once, and cached under
-SELFPLAY_HOME.
+here: the untrained model of `selfplay.untrained_model` (a tokenizer trained on selfplay's
+games, a small Qwen2), warm-started on random legal play (`selfplay.warm_start`) so that, like
+a pretrained base model, it starts out writing well-formed answers. It is built once, on first
+use, and cached under SELFPLAY_HOME. `model: default` names it; any Hugging Face model name or
+local path works through the same setting.
 """
 
 from __future__ import annotations
@@ -16,29 +13,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
-from collections.abc import Iterator
+import shutil
+import tempfile
+import time
 from pathlib import Path
 
 from selfplay.errors import UserError
+from selfplay.untrained_model import build_untrained
+from selfplay.warm_start import BATCH_SIZE, LR, PRECISION, STEPS, TILT, VIEW_SHARE, warm_start
 
 DEFAULT_MODEL = "default"
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-CHATML_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
-)
-VOCAB_SIZE = 2048
-# Small enough to train on two CPU cores in minutes; head size 64 for vLLM's CPU backend. Four
-# heads, not two: at half this width the model never learned to copy a legal move from the
-# prompt within the warm start's budget.
-MODEL_SHAPE = dict(
-    hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4
-)
-MAX_POSITIONS = 8192
-# Bumped whenever the recipe changes, so that a cached default model is rebuilt.
+# Bumped whenever the recipe changes (here, in `untrained_model` or in `warm_start`), so that a
+# cached default model is rebuilt.
 DEFAULT_MODEL_VERSION = 7
 BUILD_INFO = "selfplay_build.json"
 
@@ -61,8 +47,6 @@ def resolve_model(name_or_path: str) -> str:
     if not is_current_build(path):
         with _build_lock(path):
             if not is_current_build(path):  # another process may have built it meanwhile
-                from selfplay.warm_start import build_default_model
-
                 build_default_model(path)
     return str(path)
 
@@ -115,72 +99,45 @@ def _build_lock(path: Path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def game_corpus(games_per_game: int = 40, seed: int = 0) -> Iterator[str]:
-    """Rules, states and answers from random legal play of every native game."""
-    from selfplay.games import make_env
-    from selfplay.games.registry import NATIVE_GAMES
-
-    rng = random.Random(seed)
-    for name in NATIVE_GAMES:
-        env = make_env(name)
-        yield env.game.rules
-        for episode in range(games_per_game):
-            env.reset(seed=seed + episode)
-            while env.end_reason is None:
-                yield env.observe(env.agent_selection)["state"]
-                env.step(env.answer(rng.choice(env.legal_moves())))
-
-
-def build_tokenizer(corpus: Iterator[str], vocab_size: int = VOCAB_SIZE):
-    """A byte-level BPE tokenizer (any text encodes) with the ChatML special tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tokenizer = Tokenizer(models.BPE())
-    # Digits stand alone (as in Llama's and Qwen's tokenizers), so a cell or a count reads the
-    # same token in the board, the list of legal moves and the answer: copying a legal move is
-    # then an identity map, which a small model learns quickly.
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
-    )
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(corpus, trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        chat_template=CHATML_TEMPLATE,
-    )
-
-
-def build_untrained(out_dir: Path, seed: int = 0) -> Path:
-    """Tokenizer plus a randomly initialised Qwen2 model, saved to `out_dir`."""
-    import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig, Qwen2Config
-
-    tokenizer = build_tokenizer(game_corpus(seed=seed))
-    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        max_position_embeddings=MAX_POSITIONS,
-        tie_word_embeddings=True,
-        bos_token_id=pad,
-        eos_token_id=eos,
-        pad_token_id=pad,
-        **MODEL_SHAPE,
-    )
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.generation_config = GenerationConfig(eos_token_id=[eos, pad], pad_token_id=pad, bos_token_id=pad)
+def build_default_model(
+    out_dir: str | Path,
+    *,
+    steps: int = STEPS,
+    batch_size: int = BATCH_SIZE,
+    lr: float = LR,
+    precision: str = PRECISION,
+    seed: int = 0,
+    progress: bool = True,
+) -> Path:
+    """The `default` model: the untrained model from `build_untrained`, warm-started on random
+    legal play. Built in a scratch directory and moved into place, so an interrupted build
+    never leaves a half-made model behind."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    try:
+        started = time.perf_counter()
+        build_untrained(scratch, seed=seed)
+        result = warm_start(
+            scratch, steps=steps, batch_size=batch_size, lr=lr, seed=seed, precision=precision, progress=progress
+        )
+        info = {
+            "version": DEFAULT_MODEL_VERSION,
+            "recipe": "build_untrained + warm_start on tilted random legal play",
+            "tilt": TILT,
+            "view_share": VIEW_SHARE,
+            "steps": steps,
+            "batch_size": batch_size,
+            "lr": lr,
+            "precision": precision,
+            "seed": seed,
+            "final_kl": sum(result["losses"][-50:]) / len(result["losses"][-50:]),
+            "seconds": round(time.perf_counter() - started, 1),
+        }
+        (scratch / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        scratch.rename(out_dir)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return out_dir

@@ -37,7 +37,7 @@ from selfplay.backends.base import save_weights
 from selfplay.config import LearnerConfig
 from selfplay.errors import UserError
 from selfplay.legal_decoding import Choices
-from selfplay.scoring import autocast, response_logprobs, response_logprobs_and_entropy
+from selfplay.scoring import autocast, pick_device, response_logprobs, response_logprobs_and_entropy
 
 
 class NonFiniteUpdate(UserError):
@@ -75,7 +75,7 @@ class Learner:
         self.config = config
         self.temperature = temperature if temperature > 0 else 1.0
         self.token_sum_length = config.token_sum_length or token_sum_length
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = pick_device(device)
         torch.manual_seed(seed)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.lora = config.lora.rank > 0

@@ -1,5 +1,6 @@
 """Log-probabilities of given responses under a causal LM: what the learner trains through,
-what the warm start fits, and what exploitability probes read move probabilities from."""
+what the warm start fits, and what exploitability probes read move probabilities from; and the
+device and precision those passes run at."""
 
 from __future__ import annotations
 
@@ -11,6 +12,11 @@ from collections.abc import Sequence
 import torch
 
 from selfplay.legal_decoding import Choices, allowed_mask, masked_log_softmax
+
+
+def pick_device(device: str | None = None) -> str:
+    """`device`, or where it is None the GPU if torch sees one, else the CPU."""
+    return device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def autocast(precision: str, device_type: str):

@@ -47,18 +47,16 @@ from selfplay.evaluation.evaluate import plan_pairings, play_opponents
 from selfplay.evaluation.exploitability import SUPPORTED_GAMES, policy_exploitability
 from selfplay.games import InvalidMovePolicy, make_game
 from selfplay.league.manager import League, ScheduledMatch, initial_players, roles_of
-from selfplay.league.matchmaking import SELF, is_fixed, rule_error, schedule_matches
+from selfplay.league.matchmaking import MAIN, SELF, is_fixed, rule_error, schedule_matches
 from selfplay.league.population import snapshot_name
-from selfplay.league.store import LEAGUE_FILE, LeagueStore
+from selfplay.league.store import LeagueStore
 from selfplay.learner import Learner, NonFiniteUpdate, Sample, scheduled_lr
 from selfplay.records import Trajectory
 from selfplay.roles.base import advantage_key
 from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
-from selfplay.scoring import warn_if_bf16_emulated
+from selfplay.run_dir import RunDir
+from selfplay.scoring import pick_device, warn_if_bf16_emulated
 
-MAIN = "main"
-CONFIG_FILE = "config.yaml"
-SNAPSHOTS_DIR = "league/snapshots"
 # Steps in a row in which every answer was invalid before a run warns that it has collapsed.
 COLLAPSE_STEPS = 10
 
@@ -259,7 +257,7 @@ class Trainer:
         from torch.utils.tensorboard import SummaryWriter
 
         # purge_step drops anything a killed run logged after its last checkpoint.
-        self.writer = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=self.step + 1)
+        self.writer = SummaryWriter(str(RunDir(self.run_dir).tensorboard), purge_step=self.step + 1)
         self.rollout_settings = rollout_settings(config.rollout)
 
     @property
@@ -304,7 +302,7 @@ class Trainer:
         if self.shared_base is None:
             from transformers import AutoModelForCausalLM
 
-            device = self.config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+            device = pick_device(self.config.device)
             self.shared_base = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32).to(device)
         return self.shared_base
 
@@ -319,7 +317,7 @@ class Trainer:
             player.backend.load_weights(weights, version=self.step)
 
     def _sync_path(self, name: str) -> Path:
-        path = self.run_dir / "sync" / f"{name}.safetensors"
+        path = RunDir(self.run_dir).sync(name)
         path.parent.mkdir(parents=True, exist_ok=True)
         return path
 
@@ -336,7 +334,7 @@ class Trainer:
         """The league as the store holds it at this run's step: a resumed run forgets what was
         recorded after its `checkpoint` (it replays those steps exactly) and takes its
         exploiters from it, a new run starts the league."""
-        store = LeagueStore(self.run_dir / LEAGUE_FILE)
+        store = LeagueStore(RunDir(self.run_dir).league_store)
         store.rollback_to(self.step)
         if not store.players():
             store.add_players(initial_players(self.config))
@@ -356,10 +354,10 @@ class Trainer:
     def _freeze(self, learner: str, snapshot: str) -> str:
         """Write a learning player's current weights as the snapshot `snapshot`; returns their
         path relative to the run directory."""
-        relative = Path(SNAPSHOTS_DIR) / f"{snapshot}.safetensors"
-        (self.run_dir / relative).parent.mkdir(parents=True, exist_ok=True)
-        self.players[learner].learner.export_weights(self.run_dir / relative)
-        return str(relative)
+        path = RunDir(self.run_dir).snapshot(snapshot)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.players[learner].learner.export_weights(path)
+        return str(path.relative_to(self.run_dir))
 
     def _frozen_backend(self, name: str) -> PolicyBackend:
         """The backend of a snapshot, loaded on first use. Snapshots generate with transformers
@@ -567,11 +565,12 @@ class Trainer:
 def start_run_dir(run_dir: Path, config: TrainConfig) -> None:
     """Make the run directory of a new run and write its config there. An earlier attempt that
     saved no checkpoint may have left a league store: the new run's league starts afresh."""
+    files = RunDir(run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        for stale in run_dir.glob(f"{LEAGUE_FILE}*"):  # with SQLite's -wal and -shm files
+        for stale in files.league_store_files():
             stale.unlink()
-        (run_dir / CONFIG_FILE).write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
+        files.config.write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
     except OSError as err:
         raise UserError(f"Cannot make the run directory '{run_dir}': {err.strerror}. Choose another run_dir.") from None
 
@@ -580,7 +579,7 @@ def collapse_warning(step: int, run_dir: Path) -> str:
     return (
         f"warning: every answer of steps {step - COLLAPSE_STEPS + 1}-{step} was invalid. Every return is then "
         "the same, so the advantages vanish and the policy cannot learn its way back. Train again from a "
-        f"checkpoint before the collapse (model={run_dir}/checkpoints/step-N) with a lower learner.lr or a "
+        f"checkpoint before the collapse (model={RunDir(run_dir).checkpoints}/step-N) with a lower learner.lr or a "
         "learner.kl_coef above 0."
     )
 
@@ -597,10 +596,7 @@ def train_command(config_path: str | None, overrides: list[str], resume: str | N
     """What `selfplay train` runs: a new run from a config, or a resumed one from its run dir
     (with its saved config, and any overrides on top, e.g. a larger `steps`)."""
     if resume is not None:
-        saved = Path(resume) / CONFIG_FILE
-        if not saved.exists():
-            raise UserError(f"'{resume}' is not a run directory: it has no {CONFIG_FILE}.")
-        config = load_config(saved, [*overrides, f"run_dir={resume}"])
+        config = load_config(RunDir(resume).saved_config(), [*overrides, f"run_dir={resume}"])
     else:  # without a file, the schema's defaults
         config = load_config(config_path, overrides)
     return Trainer(config, resume=resume is not None, progress=progress).run()

@@ -22,15 +22,12 @@ from __future__ import annotations
 import json
 import math
 import random
-import shutil
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from selfplay.default_model import BUILD_INFO, DEFAULT_MODEL_VERSION, build_untrained
 from selfplay.prompts import (
     PROMPT_STYLES,
     Message,
@@ -41,6 +38,7 @@ from selfplay.prompts import (
     prompt_ids,
     state_message,
 )
+from selfplay.untrained_model import build_untrained
 
 EOS_TOKEN = "<|im_end|>"
 # Share of multi-turn examples: a chat holds every state a player saw and every move it made.
@@ -351,50 +349,6 @@ def warm_start(
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     return {"losses": losses, "seconds": time.perf_counter() - started}
-
-
-def build_default_model(
-    out_dir: str | Path,
-    *,
-    steps: int = STEPS,
-    batch_size: int = BATCH_SIZE,
-    lr: float = LR,
-    precision: str = PRECISION,
-    seed: int = 0,
-    progress: bool = True,
-) -> Path:
-    """The `default` model: the untrained model from `build_untrained`, warm-started on random
-    legal play. Built in a scratch directory and moved into place, so an interrupted build
-    never leaves a half-made model behind."""
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
-    try:
-        started = time.perf_counter()
-        build_untrained(scratch, seed=seed)
-        result = warm_start(
-            scratch, steps=steps, batch_size=batch_size, lr=lr, seed=seed, precision=precision, progress=progress
-        )
-        info = {
-            "version": DEFAULT_MODEL_VERSION,
-            "recipe": "build_untrained + warm_start on tilted random legal play",
-            "tilt": TILT,
-            "view_share": VIEW_SHARE,
-            "steps": steps,
-            "batch_size": batch_size,
-            "lr": lr,
-            "precision": precision,
-            "seed": seed,
-            "final_kl": sum(result["losses"][-50:]) / len(result["losses"][-50:]),
-            "seconds": round(time.perf_counter() - started, 1),
-        }
-        (scratch / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        scratch.rename(out_dir)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return out_dir
 
 
 # -- measuring -----------------------------------------------------------------------------------

@@ -52,7 +52,7 @@ def count_to():
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """The default model's tokenizer and architecture with untrained weights (built in seconds)."""
-    from selfplay.default_model import build_untrained
+    from selfplay.untrained_model import build_untrained
 
     return build_untrained(tmp_path_factory.mktemp("models") / "untrained")
 

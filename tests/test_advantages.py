@@ -15,12 +15,12 @@ from selfplay.advantages import (
     rae,
     reinforce,
     rloo,
-    role_key,
     trr_plus_plus,
     turn_level_returns,
 )
 from selfplay.errors import UserError
 from selfplay.records import MatchResult, Trajectory, Turn
+from selfplay.roles.base import game_and_role
 
 P0, P1 = ("ttt", "player_0"), ("ttt", "player_1")
 ROOT_1_5 = 1.224744871  # sqrt(1.5): the whitened extremes of three evenly spaced values
@@ -309,8 +309,8 @@ def test_turn_discount_of_one_changes_nothing_and_outside_the_unit_interval_is_r
             estimate("rae", batch, {}, turn_discount=bad)
 
 
-def test_role_key_is_game_and_role():
-    assert role_key(turn(1, game="kuhn")) == ("kuhn", "player_1")
+def test_the_default_key_is_game_and_role():
+    assert game_and_role(turn(1, game="kuhn")) == ("kuhn", "player_1")
 
 
 def test_advantage_stats():

@@ -19,8 +19,9 @@ from selfplay.cli import main
 from selfplay.config import TrainConfig, load_config
 from selfplay.errors import UserError
 from selfplay.league.manager import initial_players
-from selfplay.league.store import LEAGUE_FILE, LeagueStore
-from selfplay.train import CONFIG_FILE, validate
+from selfplay.league.store import LeagueStore
+from selfplay.run_dir import RunDir
+from selfplay.train import validate
 
 # Wrong types, signs, sizes and syntax, as YAML text for an override or a config value.
 BAD_YAML = [
@@ -136,7 +137,7 @@ def workdir(tmp_path, monkeypatch):
     def refuse(path):
         raise AssertionError("a fuzzed command set out to build the default model")
 
-    monkeypatch.setattr("selfplay.warm_start.build_default_model", refuse)
+    monkeypatch.setattr("selfplay.default_model.build_default_model", refuse)
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     monkeypatch.chdir(cwd)
@@ -167,13 +168,13 @@ def assert_run_dirs_complete(root: Path, before: set[Path], code: int, argv) -> 
     each step it saved: all of them if it finished, none if it stopped in its one step (as at a
     non-finite update), and then a new run may take its directory."""
     made = new_paths(root, before)
-    configs = [path for path in made if path.name == CONFIG_FILE]
+    configs = [path for path in made if path == RunDir(path.parent).config]
     if not configs:
         assert code == 2 and not made, (argv, sorted(made))
         return
     assert len(configs) == 1, (argv, configs)
     run_dir = configs[0].parent
-    load_config(run_dir / CONFIG_FILE)
+    load_config(RunDir(run_dir).config)
     assert [p.name for p in list_checkpoints(run_dir)] == (["step-000001"] if code == 0 else []), argv
 
 
@@ -335,14 +336,14 @@ def files(tmp_path, micro_model_dir):
     (tmp_path / "bad_suite.yaml").write_text("games: [tictactoe]\nepisodes: -1\n")
     (tmp_path / "x.safetensors").write_bytes(b"garbage")
     (tmp_path / "bad_run").mkdir()
-    (tmp_path / "bad_run" / CONFIG_FILE).write_bytes(b"steps: [\n")
+    RunDir(tmp_path / "bad_run").config.write_bytes(b"steps: [\n")
     (tmp_path / "league_run").mkdir()
-    (tmp_path / "league_run" / CONFIG_FILE).write_text(f"model: {micro_model_dir}\nleague: {{enabled: true}}\n")
-    store = LeagueStore(tmp_path / "league_run" / LEAGUE_FILE)
-    store.add_players(initial_players(load_config(tmp_path / "league_run" / CONFIG_FILE)))
+    RunDir(tmp_path / "league_run").config.write_text(f"model: {micro_model_dir}\nleague: {{enabled: true}}\n")
+    store = LeagueStore(RunDir(tmp_path / "league_run").league_store)
+    store.add_players(initial_players(load_config(RunDir(tmp_path / "league_run").config)))
     store.close()
     (tmp_path / "plain_run").mkdir()
-    (tmp_path / "plain_run" / CONFIG_FILE).write_text(f"steps: 1\nmodel: {micro_model_dir}\n")
+    RunDir(tmp_path / "plain_run").config.write_text(f"steps: 1\nmodel: {micro_model_dir}\n")
     return tmp_path
 
 

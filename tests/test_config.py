@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from selfplay.cli import main
-from selfplay.config import TrainConfig, load_config
+from selfplay.config import TrainConfig, find_yaml, load_config
 from selfplay.errors import UserError
 from selfplay.train import validate
 
@@ -149,6 +149,16 @@ def test_yaml_aliases_may_share_values_but_not_expand_without_bound(tmp_path):
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
 def test_shipped_configs_validate(path):
     validate(load_config(path))
+
+
+def test_recipes_are_found_by_name_from_the_installed_package(capsys):
+    assert [find_yaml(path.stem, "recipe").read_bytes() for path in CONFIGS] == [path.read_bytes() for path in CONFIGS]
+    assert find_yaml("runs/mine.yml", "recipe") == Path("runs/mine.yml")  # a file is itself
+    names = ", ".join(path.stem for path in CONFIGS)
+    with pytest.raises(UserError, match=f"Unknown recipe 'configs/quickstart': .* or one of {names}.$"):
+        find_yaml("configs/quickstart", "recipe")
+    assert main(["train", "nope", "steps=1"]) == 2
+    assert f"Unknown recipe 'nope': give a YAML file (NAME.yaml), or one of {names}." in capsys.readouterr().err
 
 
 def test_cli_reports_a_bad_key_in_one_line(tmp_path, capsys):

@@ -17,6 +17,7 @@ from selfplay.evaluation.evaluate import find_candidates, load_suite, outcome_st
 from selfplay.evaluation.ratings import fit_elo
 from selfplay.evaluation.scoreboard import wilson_interval
 from selfplay.records import MatchResult, Trajectory, Turn
+from selfplay.run_dir import RunDir
 
 
 @pytest.mark.parametrize(
@@ -135,7 +136,7 @@ def trained_run(training):
 
 
 def test_training_logs_evaluations_to_tensorboard(trained_run):
-    events = EventAccumulator(str(trained_run / "tensorboard"))
+    events = EventAccumulator(str(RunDir(trained_run).tensorboard))
     events.Reload()
     for tag in (
         "eval/kuhn_poker/random/wins_rate",
@@ -158,7 +159,9 @@ def test_candidates_are_the_runs_checkpoints_with_their_steps(trained_run, tmp_p
     assert [(c.name, c.step) for c in found] == [("run/step-000001", 1), ("run/step-000002", 2), ("default", None)]
     with pytest.raises(UserError, match="neither a run directory"):
         find_candidates([str(tmp_path)])
-    corrupt = shutil.copytree(trained_run / "checkpoints" / "step-000002", tmp_path / "checkpoints" / "step-000002")
+    corrupt = shutil.copytree(
+        RunDir(trained_run).checkpoints / "step-000002", RunDir(tmp_path).checkpoints / "step-000002"
+    )
     (corrupt / "trainer_state.json").write_text("{not json")
     with pytest.raises(UserError, match="step-000002' is damaged \\(trainer_state.json is unreadable"):
         find_candidates([str(corrupt)])
@@ -168,7 +171,7 @@ def test_eval_of_a_run_leaves_out_its_damaged_checkpoints_and_names_them(trained
     """As a kill in the middle of deleting a checkpoint left it before pruning renamed first:
     its trainer state there, its weights gone. The other checkpoints are evaluated."""
     run_dir = shutil.copytree(trained_run, tmp_path / "run")
-    (run_dir / "checkpoints" / "step-000001" / "model.safetensors").unlink()
+    (RunDir(run_dir).checkpoints / "step-000001" / "model.safetensors").unlink()
     out = tmp_path / "eval"
     argv = ["eval", "--checkpoints", str(run_dir), "--games", "kuhn_poker", "--episodes", "2", "--out", str(out)]
     assert main([*argv, "--no-round-robin", "--no-exploitability", "--no-progress"]) == 0

@@ -24,6 +24,7 @@ from selfplay.league.population import eviction_choice, snapshot_due
 from selfplay.league.ratings import OnlineRatings
 from selfplay.league.records import LeagueMatch, LeaguePlayer
 from selfplay.league.store import LeagueStore
+from selfplay.run_dir import RunDir
 from selfplay.train import Trainer, train_command
 
 RATES = [0.0, 0.25, 0.5, 0.75, 1.0]
@@ -186,7 +187,7 @@ def test_league_run_snapshots_resets_exploiters_and_resumes_as_it_was(tiny_model
     unbroken, broken = tmp_path / "unbroken", tmp_path / "broken"
     common = [*LEAGUE, f"model={tiny_model_dir}"]
     train_command(None, [*common, f"run_dir={unbroken}"], resume=None, progress=False)
-    with LeagueStore(unbroken / "league.sqlite") as store:
+    with LeagueStore(RunDir(unbroken).league_store) as store:
         players = {p.name: p for p in store.players()}
         matches = store.matches()
         assert store.last_step() == 3
@@ -218,18 +219,18 @@ def test_league_run_snapshots_resets_exploiters_and_resumes_as_it_was(tiny_model
     with pytest.raises(Killed):
         train_command(None, ["steps=3"], resume=str(broken), progress=False)
     assert [p.name for p in list_checkpoints(broken)] == ["step-000001", "step-000002"]
-    assert (broken / "checkpoints" / ".step-000003.partial" / "exploiters" / "main_exploiter_0").is_dir()
+    assert (RunDir(broken).checkpoints / ".step-000003.partial" / "exploiters" / "main_exploiter_0").is_dir()
     monkeypatch.setattr(checkpoint, "_write", write)
     train_command(None, ["steps=3"], resume=str(broken), progress=False)
-    with LeagueStore(broken / "league.sqlite") as store, LeagueStore(unbroken / "league.sqlite") as whole:
+    with LeagueStore(RunDir(broken).league_store) as store, LeagueStore(RunDir(unbroken).league_store) as whole:
         assert store.matches() == matches
         assert store.players() == list(players.values())
         assert store.ratings() == whole.ratings()
     # Every file of the step's checkpoint, bit for bit: weights, optimizer states, random state
     # and each player's baselines (the main player's and both exploiters').
-    assert _files(broken / "checkpoints") == _files(unbroken / "checkpoints")
+    assert _files(RunDir(broken).checkpoints) == _files(RunDir(unbroken).checkpoints)
     assert {"step-000003/exploiters/main_exploiter_0/adapter/adapter_model.safetensors"} < set(
-        _files(broken / "checkpoints")
+        _files(RunDir(broken).checkpoints)
     )
 
 
@@ -256,7 +257,7 @@ def test_league_show_prints_standings_payoff_lineage_and_meta_strategy(tiny_mode
     assert main(["league", "show", str(run_dir), "--csv", str(tmp_path / "csv"), "--meta", "kuhn_poker"]) == 0
     out = capsys.readouterr().out
     assert "main: main@000000 -> main@000001 -> main@000002" in out
-    with LeagueStore(run_dir / "league.sqlite") as store:
+    with LeagueStore(RunDir(run_dir).league_store) as store:
         matches = store.matches()
     standings = {row["player"]: row for row in csv.DictReader((tmp_path / "csv" / "standings.csv").open())}
     # Every game the main player finished against another player is in its record.
@@ -267,7 +268,7 @@ def test_league_show_prints_standings_payoff_lineage_and_meta_strategy(tiny_mode
     assert "Nash mixture" in out and "the latest policy alone" in out
 
     # Snapshots are candidates for `selfplay eval`, served with their own weights.
-    snapshot = run_dir / "league" / "snapshots" / "main@000001.safetensors"
+    snapshot = RunDir(run_dir).snapshot("main@000001")
     (candidate,) = find_candidates([str(snapshot)])
     assert (candidate.name, candidate.step, candidate.weights) == ("main@000001", 1, str(snapshot))
     served = candidate.policy("hf")
@@ -278,11 +279,11 @@ def test_league_show_prints_standings_payoff_lineage_and_meta_strategy(tiny_mode
 
 
 def test_league_show_names_a_run_without_a_league_or_with_a_damaged_one(tmp_path, capsys):
-    (tmp_path / "config.yaml").write_text("steps: 1\n")
+    RunDir(tmp_path).config.write_text("steps: 1\n")
     assert main(["league", "show", str(tmp_path)]) == 2
     assert "holds no league" in capsys.readouterr().err
     # An empty store (a run stopped before creating it) stays as it is: showing it writes nothing.
-    path = tmp_path / "league.sqlite"
+    path = RunDir(tmp_path).league_store
     path.touch()
     assert main(["league", "show", str(tmp_path)]) == 2
     assert "empty: its run stopped before it created the league" in capsys.readouterr().err
@@ -312,7 +313,7 @@ def test_role_games_train_in_the_league_with_role_slots(tiny_model_dir, tmp_path
     ]
     metrics = train_command(None, overrides, resume=None, progress=False)
     assert "return/proposer_solver(attempts=2)/solver" in metrics
-    with LeagueStore(run_dir / "league.sqlite") as store:
+    with LeagueStore(RunDir(run_dir).league_store) as store:
         matches = store.matches()
     roles = {m.roles for m in matches}
     assert roles == {("proposer", "solver", "solver"), ("attacker", "defender")}

@@ -26,6 +26,7 @@ from selfplay.cli import main
 from selfplay.config import load_config
 from selfplay.errors import UserError
 from selfplay.learner import Learner
+from selfplay.run_dir import RunDir
 from selfplay.train import COLLAPSE_STEPS, Trainer, step_matches, train_command
 
 TINY = [
@@ -48,7 +49,7 @@ def resume(run_dir, overrides=()):
 
 
 def logged_steps(run_dir, tag="reward/mean"):
-    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events = EventAccumulator(str(RunDir(run_dir).tensorboard))
     events.Reload()
     return [event.step for event in events.Scalars(tag)]
 
@@ -74,10 +75,10 @@ def test_training_moves_weights_syncs_the_backend_and_resumes(tiny_model_dir, tm
     assert trainer.backend.version == 2
     served = trainer.backend.model.state_dict()
     assert all(torch.equal(served[k], trained[k]) for k in trained)
-    synced = load_file(str(run_dir / "sync" / "main.safetensors"))
+    synced = load_file(str(RunDir(run_dir).sync("main")))
     assert torch.equal(synced["model.embed_tokens.weight"], trained["model.embed_tokens.weight"])
     assert [p.name for p in list_checkpoints(run_dir)] == ["step-000001", "step-000002"]
-    state = json.loads((run_dir / "checkpoints" / "step-000002" / "trainer_state.json").read_text())
+    state = json.loads((RunDir(run_dir).checkpoints / "step-000002" / "trainer_state.json").read_text())
     assert state["step"] == 2 and state["baselines"]
     assert logged_steps(run_dir) == [1, 2]
 
@@ -106,7 +107,7 @@ def test_a_bf16_backend_is_sent_the_learners_weights_in_bf16(tiny_model_dir, tmp
     assert all(tensor.dtype == torch.float32 for tensor in trained.values())  # the learner's stay fp32
     served = trainer.backend.model.state_dict()
     assert all(torch.equal(served[k], trained[k].to(torch.bfloat16)) for k in trained)
-    synced = load_file(str(run_dir / "sync" / "main.safetensors"))
+    synced = load_file(str(RunDir(run_dir).sync("main")))
     assert {tensor.dtype for tensor in synced.values()} == {torch.bfloat16}
 
 
@@ -142,11 +143,11 @@ def test_resume_replays_a_lost_step_exactly(tiny_model_dir, tmp_path, learner):
     Trainer(load_config(None, [*common, f"run_dir={unbroken}"]), progress=False).run()
     Trainer(load_config(None, [*common, f"run_dir={broken}"]), progress=False).run()
     # Killed after logging step 2, before its checkpoint was in place.
-    shutil.rmtree(broken / "checkpoints" / "step-000002")
+    shutil.rmtree(RunDir(broken).checkpoints / "step-000002")
     assert logged_steps(broken) == [1, 2]
     resume(broken)
-    a = load_file(str(unbroken / "checkpoints" / "step-000002" / "model.safetensors"))
-    b = load_file(str(broken / "checkpoints" / "step-000002" / "model.safetensors"))
+    a = load_file(str(RunDir(unbroken).checkpoints / "step-000002" / "model.safetensors"))
+    b = load_file(str(RunDir(broken).checkpoints / "step-000002" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert logged_steps(broken) == [1, 2]
 
@@ -189,8 +190,8 @@ def test_a_run_stops_at_its_first_non_finite_update_and_keeps_its_last_good_chec
     )
     assert len(updates) == 2 and [p.name for p in list_checkpoints(run_dir)] == ["step-000001"]
     for weights in (
-        run_dir / "checkpoints" / "step-000001" / "model.safetensors",
-        run_dir / "sync" / "main.safetensors",
+        RunDir(run_dir).checkpoints / "step-000001" / "model.safetensors",
+        RunDir(run_dir).sync("main"),
     ):
         assert all(torch.isfinite(tensor).all() for tensor in load_file(str(weights)).values())
 
@@ -218,9 +219,9 @@ def test_a_new_run_may_reuse_the_directory_of_one_that_stopped_before_its_first_
     common = [*TINY, "steps=1", f"model={tiny_model_dir}", f"run_dir={run_dir}"]
     trainer = Trainer(load_config(None, common), progress=False)
     trainer.writer.close()  # stopped (killed, or a non-finite update) before any step was saved
-    assert (run_dir / "config.yaml").exists() and not list_checkpoints(run_dir)
+    assert RunDir(run_dir).config.exists() and not list_checkpoints(run_dir)
     Trainer(load_config(None, [*common, "seed=1"]), progress=False).run()
-    assert load_config(run_dir / "config.yaml").seed == 1
+    assert load_config(RunDir(run_dir).config).seed == 1
     assert [p.name for p in list_checkpoints(run_dir)] == ["step-000001"]
 
 
@@ -302,7 +303,7 @@ def run_copy(finished_run, tmp_path):
 
 @pytest.mark.parametrize("damaged", ["model.safetensors", "optimizer.safetensors", "rng.safetensors"])
 def test_a_cut_short_file_makes_resume_pass_over_its_checkpoint_with_a_warning(run_copy, capsys, damaged):
-    last = run_copy / "checkpoints" / "step-000003"
+    last = RunDir(run_copy).checkpoints / "step-000003"
     saved = (last / "model.safetensors").read_bytes()
     file = last / damaged
     file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
@@ -316,7 +317,7 @@ def test_a_cut_short_file_makes_resume_pass_over_its_checkpoint_with_a_warning(r
 
 
 def test_a_checkpoint_whose_name_and_step_disagree_is_refused(run_copy):
-    checkpoints = run_copy / "checkpoints"
+    checkpoints = RunDir(run_copy).checkpoints
     shutil.rmtree(checkpoints / "step-000003")
     shutil.copytree(checkpoints / "step-000001", checkpoints / "step-000003")  # a step-1 checkpoint misnamed
     with pytest.raises(UserError, match="holds step 1, not the step 3 its name says.*Rename it to step-000001"):
@@ -346,7 +347,7 @@ def test_a_kill_while_pruning_leaves_no_checkpoint_that_looks_complete(run_copy,
     with pytest.raises(Killed):
         resume(run_copy, ["steps=4", "keep_checkpoints=2"])  # step 4's save prunes steps 1 and 2
     monkeypatch.setattr(shutil, "rmtree", remove)
-    checkpoints = run_copy / "checkpoints"
+    checkpoints = RunDir(run_copy).checkpoints
     assert (checkpoints / ".step-000001.deleting" / STATE_FILE).exists()
     assert [p.name for p in list_checkpoints(run_copy)] == ["step-000002", "step-000003", "step-000004"]
     assert all(checkpoint_problem(p) is None for p in list_checkpoints(run_copy))
@@ -378,7 +379,7 @@ def test_a_full_disk_stops_the_run_clearly_and_keeps_the_last_checkpoint(run_cop
     message = str(err.value)
     assert "No space left on device" in message and "the disk holding it has" in message
     assert "Free space on that disk" in message and f"--resume {run_copy}" in message
-    checkpoints = run_copy / "checkpoints"
+    checkpoints = RunDir(run_copy).checkpoints
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step-000001", "step-000002", "step-000003"]
     assert checkpoint_problem(checkpoints / "step-000003") is None
     monkeypatch.setattr(checkpoint, "save_file", write)

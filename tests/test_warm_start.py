@@ -11,10 +11,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from selfplay.backends.hf_backend import HFBackend  # noqa: E402
-from selfplay.default_model import build_untrained  # noqa: E402
 from selfplay.games import make_env, make_game  # noqa: E402
 from selfplay.games.registry import NATIVE_GAMES  # noqa: E402
 from selfplay.prompts import PROMPT_STYLES  # noqa: E402
+from selfplay.untrained_model import build_untrained  # noqa: E402
 from selfplay.warm_start import (  # noqa: E402
     EOS_TOKEN,
     legal_move_rate,

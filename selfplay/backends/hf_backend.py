@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from selfplay.backends.base import Generation, PolicyBackend, SamplingSettings, cut_at_stop
 from selfplay.legal_decoding import Choices, legal_decode, masked_log_softmax
-from selfplay.scoring import response_hidden
+from selfplay.scoring import pick_device, response_hidden
 
 
 class HFBackend(PolicyBackend):
@@ -32,7 +32,7 @@ class HFBackend(PolicyBackend):
         model: torch.nn.Module | None = None,
     ):
         self.model_path = model_path
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = pick_device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.shares_model = model is not None
         if model is None:

@@ -20,7 +20,8 @@ from selfplay.errors import UserError
 from selfplay.evaluation.ratings import fit_elo
 from selfplay.league.payoff import PayoffTable, pairwise_outcomes
 from selfplay.league.records import LEARNING_KINDS, LeagueMatch, LeaguePlayer
-from selfplay.league.store import LEAGUE_FILE, LeagueStore
+from selfplay.league.store import LeagueStore
+from selfplay.run_dir import RunDir
 
 if TYPE_CHECKING:
     from selfplay.config import RolloutConfig
@@ -45,10 +46,10 @@ class Standing:
 
 
 def open_league(run_dir: str | Path) -> LeagueStore:
-    path = Path(run_dir) / LEAGUE_FILE
+    path = RunDir(run_dir).league_store
     if not path.is_file():
         raise UserError(
-            f"'{run_dir}' holds no league ({LEAGUE_FILE} is missing). Point at the run directory of a run "
+            f"'{run_dir}' holds no league ({path.name} is missing). Point at the run directory of a run "
             "trained with league.enabled=true."
         )
     return LeagueStore(path, read_only=True)

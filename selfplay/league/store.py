@@ -1,6 +1,6 @@
 """The league's persistent store: its players, every match they finished, and their ratings.
 
-One SQLite file (`RUN_DIR/league.sqlite`) in write-ahead-logging mode. Everything a training
+One SQLite file (`RunDir.league_store`: `RUN_DIR/league.sqlite`) in write-ahead-logging mode. Everything a training
 step changes is written by `record_step` in one transaction, so a run killed at any moment
 leaves each step either wholly in the store or not at all. A run resumed from its checkpoint
 at step S calls `rollback_to(S)` and records the later steps again as it replays them.
@@ -25,7 +25,6 @@ from selfplay.errors import UserError
 from selfplay.league.records import LeagueMatch, LeaguePlayer
 
 SCHEMA_VERSION = 1
-LEAGUE_FILE = "league.sqlite"  # in the run directory
 _SQLITE_HEADER = b"SQLite format 3\x00"
 _NO_RATINGS: Mapping[str, tuple[float, float]] = MappingProxyType({})
 
