@@ -24,7 +24,7 @@ run: $(BIN)/selfplay
 test: $(BIN)/selfplay
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q --durations=15
 
 bench: $(BIN)/selfplay
 	$(BIN)/python benchmarks/env_step.py
