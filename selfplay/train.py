@@ -324,11 +324,12 @@ class Trainer:
         return path
 
     def _exploiter_config(self):
-        learner = self.config.learner
+        learner, league = self.config.learner, self.config.league
         # An exploiter's KL reference is the shared base under its adapters, which stays put.
         return dataclasses.replace(
             learner,
-            lora=dataclasses.replace(learner.lora, rank=self.config.league.exploiter_lora_rank),
+            lr=learner.lr if league.exploiter_lr is None else league.exploiter_lr,
+            lora=dataclasses.replace(learner.lora, rank=league.exploiter_lora_rank),
             reference_update_every=0,
         )
 
