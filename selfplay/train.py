@@ -31,7 +31,7 @@ from transformers.utils import logging as transformers_logging
 
 from selfplay.advantages import advantage_stats, estimate
 from selfplay.agents import make_agent
-from selfplay.backends import PRECISIONS, PolicyBackend, SamplingSettings, make_backend
+from selfplay.backends import PRECISIONS, PolicyBackend, make_backend
 from selfplay.checkpoint import (
     checkpoint_step,
     exploiter_checkpoint,
@@ -40,12 +40,12 @@ from selfplay.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from selfplay.config import RolloutConfig, TrainConfig, config_to_dict, load_config
+from selfplay.config import TrainConfig, config_to_dict, load_config
 from selfplay.default_model import resolve_model
 from selfplay.errors import UserError
 from selfplay.evaluation.evaluate import plan_pairings, play_opponents
 from selfplay.evaluation.exploitability import SUPPORTED_GAMES, policy_exploitability
-from selfplay.games import InvalidMovePolicy, make_game
+from selfplay.games import make_game
 from selfplay.league.manager import League, ScheduledMatch, initial_players, roles_of
 from selfplay.league.matchmaking import SELF, is_fixed, rule_error, schedule_matches
 from selfplay.league.population import snapshot_name
@@ -132,27 +132,6 @@ def eval_pairings(config: TrainConfig) -> dict[str, list[str]]:
     """The (game, fixed opponent) pairings evaluated every `eval.every` steps."""
     pairings, _ = plan_pairings(config.eval.games or list(config.games), config.eval.opponents)
     return pairings
-
-
-def rollout_settings(rollout: RolloutConfig) -> RolloutSettings:
-    """How the rollout engine samples, asks and referees games under the config's `rollout`."""
-    return RolloutSettings(
-        sampling=SamplingSettings(
-            max_new_tokens=rollout.max_new_tokens,
-            temperature=rollout.temperature,
-            top_p=rollout.top_p,
-            decoding=rollout.decoding,
-        ),
-        observation_mode=rollout.observation_mode,
-        prompt=rollout.prompt,
-        max_turns=rollout.max_turns,
-        invalid_moves=InvalidMovePolicy(
-            retries=rollout.retries,
-            penalty=rollout.invalid_penalty,
-            opponent_reward=rollout.invalid_opponent_reward,
-        ),
-        concurrency=rollout.concurrency,
-    )
 
 
 def step_matches(config: TrainConfig, step: int) -> list[MatchSpec]:
@@ -260,7 +239,7 @@ class Trainer:
 
         # purge_step drops anything a killed run logged after its last checkpoint.
         self.writer = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=self.step + 1)
-        self.rollout_settings = rollout_settings(config.rollout)
+        self.rollout_settings = RolloutSettings.from_config(config.rollout)
 
     @property
     def learner(self) -> Learner:
@@ -544,7 +523,7 @@ class Trainer:
         for game in (g for g in self.eval_pairings if g in SUPPORTED_GAMES):
             with self.learner.scoring_model() as model:
                 metrics[f"eval/{game}/exploitability"] = policy_exploitability(
-                    model, self.learner.tokenizer, game, **self.config.rollout.probe_settings()
+                    model, self.learner.tokenizer, game, self.rollout_settings
                 )
         metrics["time/eval_s"] = time.perf_counter() - started
         return metrics
