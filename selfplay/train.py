@@ -178,6 +178,11 @@ def rollout_metrics(trajectories: Sequence[Trajectory], label: str = MAIN) -> di
     return metrics
 
 
+class TrainingDiverged(RuntimeError):
+    """A learner's update at some step was not finite: the run stops there, keeping its last good
+    checkpoint. Not a `UserError`: no setting was refused, training failed, and its traceback is kept."""
+
+
 @dataclass
 class LearningPlayer:
     """A policy in training: its learner, the backend generating with its weights, and its
@@ -383,10 +388,7 @@ class Trainer:
         try:
             while self.step < self.config.steps:
                 self.step += 1
-                try:
-                    metrics = self.train_step()
-                except NonFiniteUpdate as err:  # before the poisoned weights reach a checkpoint
-                    raise UserError(f"Training stopped at step {self.step}. {err} {self._restart_hint()}") from None
+                metrics = self.train_step()
                 if self.config.eval.every and self.step % self.config.eval.every == 0:
                     metrics.update(self.evaluate())
                 self._log(metrics)
@@ -414,13 +416,16 @@ class Trainer:
                 self.league.store.close()
         return metrics
 
-    def _restart_hint(self) -> str:
+    def _restart_hint(self, name: str) -> str:
+        """How to go on after `name`'s update diverged: from the last checkpoint, at a lower rate."""
+        exploiter_lr = name != MAIN and self.config.league.exploiter_lr is not None
+        rate = "league.exploiter_lr" if exploiter_lr else "learner.lr"
         saved = list_checkpoints(self.run_dir)
         if not saved:
-            return "The run had saved no checkpoint: start it again with a lower learner.lr."
+            return f"The run had saved no checkpoint: start it again with a lower {rate}."
         return (
-            f"Its last checkpoint, step {checkpoint_step(saved[-1])}, is kept: continue from it with "
-            f"`selfplay train --resume {self.run_dir} learner.lr=LOWER`."
+            f"Its last good checkpoint, step {checkpoint_step(saved[-1])}, is kept: continue from it with "
+            f"`selfplay train --resume {self.run_dir} {rate}=LOWER`."
         )
 
     def train_step(self) -> dict[str, float]:
@@ -463,7 +468,13 @@ class Trainer:
             stats = rollout_metrics(owned, name)
             stats.update({f"advantage/{k}": v for k, v in advantage_stats(advantages).items()})
             lr = scheduled_lr(player.learner.config, self.step, config.steps)
-            stats.update({f"learner/{k}": v for k, v in player.learner.update(samples, lr).items()})
+            try:
+                learned_stats = player.learner.update(samples, lr)
+            except NonFiniteUpdate as err:  # raised before the diverged weights reach a backend or a checkpoint
+                raise TrainingDiverged(
+                    f"Training diverged at step {self.step}, in {name}'s update: {err}. {self._restart_hint(name)}"
+                ) from err
+            stats.update({f"learner/{k}": v for k, v in learned_stats.items()})
             every = player.learner.config.reference_update_every
             if every and self.step % every == 0:
                 player.learner.move_reference()

@@ -25,8 +25,8 @@ from selfplay.checkpoint import STATE_FILE, checkpoint_problem, checkpoint_step,
 from selfplay.cli import main
 from selfplay.config import load_config
 from selfplay.errors import UserError
-from selfplay.learner import Learner
-from selfplay.train import COLLAPSE_STEPS, Trainer, step_matches, train_command
+from selfplay.learner import Learner, NonFiniteUpdate
+from selfplay.train import COLLAPSE_STEPS, Trainer, TrainingDiverged, step_matches, train_command
 
 TINY = [
     "steps=2",
@@ -180,13 +180,14 @@ def test_a_run_stops_at_its_first_non_finite_update_and_keeps_its_last_good_chec
 
     monkeypatch.setattr(Learner, "update", update_with_nan_advantages_from_step_2)
     args = ["train", "--no-progress", *TINY, "steps=4", f"model={tiny_model_dir}", f"run_dir={run_dir}"]
-    assert main(args) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("selfplay: error: Training stopped at step 2.")
-    assert (
-        "gradient is not finite" in err
-        and f"step 1, is kept: continue from it with `selfplay train --resume {run_dir}" in err
-    )
+    # Not a bad input but a failed training: the command line lets it through with its traceback.
+    with pytest.raises(TrainingDiverged) as diverged:
+        main(args)
+    assert "selfplay: error" not in capsys.readouterr().err
+    message = str(diverged.value)
+    assert message.startswith("Training diverged at step 2, in main's update: loss nan, gradient norm nan: ")
+    assert f"step 1, is kept: continue from it with `selfplay train --resume {run_dir} learner.lr=LOWER`" in message
+    assert isinstance(diverged.value.__cause__, NonFiniteUpdate)
     assert len(updates) == 2 and [p.name for p in list_checkpoints(run_dir)] == ["step-000001"]
     for weights in (
         run_dir / "checkpoints" / "step-000001" / "model.safetensors",
