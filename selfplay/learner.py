@@ -126,6 +126,16 @@ class Learner:
         stats["lr"] = self.optimizer.param_groups[0]["lr"]
         return stats
 
+    def scheduled_update(self, samples: Sequence[Sample], step: int, total_steps: int) -> dict[str, float]:
+        """Update `step` (counted from 1) of a run of `total_steps`: `update` at the learning rate
+        the schedule gives that step (`scheduled_lr`), then the KL reference moves to the new
+        policy if `reference_update_every` says it is due."""
+        stats = self.update(samples, scheduled_lr(self.config, step, total_steps))
+        every = self.config.reference_update_every
+        if every and step % every == 0:
+            self.move_reference()
+        return stats
+
     def _minibatch_step(self, samples, indices, old, reference) -> dict[str, float]:
         config = self.config
         lengths = [len(samples[i].response_ids) for i in indices]

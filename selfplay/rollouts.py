@@ -43,6 +43,7 @@ class MatchSpec:
     game: str
     players: tuple[str, ...]
     seed: int
+    owner: str | None = None  # the learning player that trains on this game; None outside training
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,7 @@ class RolloutEngine:
             invalid_moves=tuple(len(env.invalid_log[a]) for a in env.possible_agents),
             turns=env.turns,
             end_reason=env.end_reason,
+            owner=game.match.owner,
         )
         self._idle_envs[game.match.game].append(env)
         return Trajectory(result, tuple(game.turns))

@@ -1,12 +1,13 @@
 """`selfplay train`: self-play training of one shared policy, one step at a time.
 
-Each step: pick the step's matches (games and opponents by their config weights, the
-learner's seat alternating; with `league.enabled`, the league picks them for the main player
-and each exploiter) -> the rollout engine plays them all at once, batching every pending turn
-per policy (learners and frozen snapshots alike) -> each learning player's turns get
-role-conditioned advantages -> each learner updates -> its new weights go to its generation
-backend -> the league records the results and takes its snapshots -> metrics go to
-TensorBoard and the progress bar, and a checkpoint is written every `checkpoint_every` steps.
+Each step: the league picks each learning player's matches (games and opponents by their
+config weights, the player's seat alternating; a run without `league.enabled` is a league of
+one, the main player) -> the rollout engine plays them all at once, batching every pending
+turn per policy (learners and frozen snapshots alike) -> each learning player's turns get
+role-conditioned advantages -> each learner updates on its schedule -> its new weights go to
+its generation backend -> the league records the results and takes its snapshots -> metrics
+go to TensorBoard and the progress bar, and a checkpoint is written every `checkpoint_every`
+steps.
 
 Everything random derives from `seed` and the step number (and the checkpointed torch random
 state), so a run resumed after a crash replays the steps it lost exactly as they would have been.
@@ -46,11 +47,11 @@ from selfplay.errors import UserError
 from selfplay.evaluation.evaluate import plan_pairings, play_opponents
 from selfplay.evaluation.exploitability import SUPPORTED_GAMES, policy_exploitability
 from selfplay.games import make_game
-from selfplay.league.manager import League, ScheduledMatch, initial_players, roles_of
-from selfplay.league.matchmaking import SELF, is_fixed, rule_error, schedule_matches
+from selfplay.league.manager import League, initial_players, roles_of
+from selfplay.league.matchmaking import SELF, is_fixed, rule_error
 from selfplay.league.population import snapshot_name
 from selfplay.league.store import LEAGUE_FILE, LeagueStore
-from selfplay.learner import Learner, NonFiniteUpdate, Sample, scheduled_lr
+from selfplay.learner import Learner, NonFiniteUpdate, Sample
 from selfplay.records import Trajectory
 from selfplay.roles.base import advantage_key
 from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
@@ -132,15 +133,6 @@ def eval_pairings(config: TrainConfig) -> dict[str, list[str]]:
     """The (game, fixed opponent) pairings evaluated every `eval.every` steps."""
     pairings, _ = plan_pairings(config.eval.games or list(config.games), config.eval.opponents)
     return pairings
-
-
-def step_matches(config: TrainConfig, step: int) -> list[MatchSpec]:
-    """The step's games without a league: game and opponent drawn by weight, the main
-    player's seat alternating, each game start played `group_size` times."""
-    roles = {game: roles_of(game) for game in config.games}
-    starts = config.rollout.games_per_step // config.advantages.group_size
-    rng = np.random.default_rng([config.seed, step])
-    return schedule_matches(rng, MAIN, config.opponents, config.games, roles, starts, config.advantages.group_size)
 
 
 def learner_view(trajectory: Trajectory, label: str) -> Trajectory:
@@ -237,7 +229,7 @@ class Trainer:
             }
         )
         self.frozen: dict[str, PolicyBackend] = {}  # snapshots' backends, loaded when first matched
-        self.league = self._open_league(checkpoint) if config.league.enabled else None
+        self.league = self._open_league(checkpoint) if config.league.enabled else League(config)
         if checkpoint is not None:  # last, so that its random state is the one the run goes on with
             main.baselines = _baselines(load_checkpoint(checkpoint, main.learner))
         from torch.utils.tensorboard import SummaryWriter
@@ -366,7 +358,7 @@ class Trainer:
     def _seat_players(self, matches: Sequence[MatchSpec]) -> dict:
         """Engine players for every label seated in `matches`: learning players' and snapshots'
         backends, and scripted agents by their specs."""
-        snapshots = {p.name for p in self.league.snapshots()} if self.league is not None else set()
+        snapshots = {p.name for p in self.league.snapshots()}
         seated = {}
         for label in {label for match in matches for label in match.players}:
             if label in self.players:
@@ -412,8 +404,7 @@ class Trainer:
             self.writer.close()
             for backend in [*(p.backend for p in self.players.values()), *self.frozen.values()]:
                 backend.close()
-            if self.league is not None:
-                self.league.store.close()
+            self.league.close()
         return metrics
 
     def _restart_hint(self, name: str) -> str:
@@ -435,21 +426,17 @@ class Trainer:
             self.rollout_settings.sampling,
             seed=int(np.random.SeedSequence([config.seed, self.step]).generate_state(1)[0]),
         )
-        if self.league is not None:
-            scheduled = self.league.schedule(self.step)
-        else:
-            scheduled = [ScheduledMatch(MAIN, match) for match in step_matches(config, self.step)]
-        owner = {(s.match.game, s.match.seed, s.match.players): s.owner for s in scheduled}
-        seated = self._seat_players([s.match for s in scheduled])
+        matches = self.league.schedule(self.step)
+        seated = self._seat_players(matches)
         versions = {label: player.version for label, player in seated.items() if isinstance(player, PolicyBackend)}
         engine = RolloutEngine(seated, dataclasses.replace(self.rollout_settings, sampling=sampling))
-        trajectories = list(engine.run([s.match for s in scheduled]))
+        trajectories = list(engine.run(matches))
         generated = time.perf_counter()
 
         metrics: dict[str, float] = {}
         sync_s = 0.0
         for name, player in self.players.items():
-            owned = [t for t in trajectories if owner[t.result.game, t.result.seed, t.result.players] == name]
+            owned = [t for t in trajectories if t.result.owner == name]
             learned = [learner_view(t, name) for t in owned]
             advantages, player.baselines = estimate(
                 config.advantages.estimator,
@@ -467,17 +454,13 @@ class Trainer:
             ]
             stats = rollout_metrics(owned, name)
             stats.update({f"advantage/{k}": v for k, v in advantage_stats(advantages).items()})
-            lr = scheduled_lr(player.learner.config, self.step, config.steps)
             try:
-                learned_stats = player.learner.update(samples, lr)
+                learned_stats = player.learner.scheduled_update(samples, self.step, config.steps)
             except NonFiniteUpdate as err:  # raised before the diverged weights reach a backend or a checkpoint
                 raise TrainingDiverged(
                     f"Training diverged at step {self.step}, in {name}'s update: {err}. {self._restart_hint(name)}"
                 ) from err
             stats.update({f"learner/{k}": v for k, v in learned_stats.items()})
-            every = player.learner.config.reference_update_every
-            if every and self.step % every == 0:
-                player.learner.move_reference()
             synced = time.perf_counter()
             self._sync(player)
             sync_s += time.perf_counter() - synced
@@ -485,8 +468,7 @@ class Trainer:
             metrics.update({f"{prefix}{k}": v for k, v in stats.items()})
         updated = time.perf_counter()
 
-        if self.league is not None:
-            metrics.update(self._league_step(trajectories, versions))
+        metrics.update(self._league_step(trajectories, versions))
         for spec, game in self.games.items():
             metrics.update({f"game/{spec}/{k}": v for k, v in game.training_metrics().items()})
         tokens = sum(len(t.response_ids) for r in trajectories for t in r.turns)
@@ -509,15 +491,7 @@ class Trainer:
             backend = self.frozen.pop(name, None)
             if backend is not None:
                 backend.close()
-        ratings = self.league.ratings.table()
-        metrics = {
-            "league/snapshots": float(len(self.league.snapshots())),
-            "league/taken": float(len(changes.snapshots)),
-        }
-        for name in [*self.players, *(p.name for p in self.league.snapshots())]:
-            if name in ratings:
-                metrics[f"league/rating/{name}"] = ratings[name][0]
-        return metrics
+        return self.league.metrics(changes)
 
     def evaluate(self) -> dict[str, float]:
         """The current policy against the fixed opponents of `config.eval` (the same deals

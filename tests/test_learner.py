@@ -246,6 +246,22 @@ def test_update_runs_at_the_given_learning_rate(tiny_model_dir, prompt):
     assert learner.update([sampled(learner, prompt, response, 1.0)])["lr"] == 1e-3
 
 
+def test_a_scheduled_update_takes_its_steps_rate_and_moves_the_reference_when_due(tiny_model_dir, prompt):
+    config = LearnerConfig(lr=1e-2, lr_schedule="linear", warmup_steps=1, kl_coef=0.1, reference_update_every=2)
+    learner = Learner(str(tiny_model_dir), config, seed=0)
+    rates, moved = [], []
+    for step in (1, 2, 3):
+        rates.append(learner.scheduled_update([sampled(learner, prompt, [5, 6, 7], 1.0)], step, 3)["lr"])
+        moved.append(learner.reference_moved)
+    assert rates == pytest.approx([scheduled_lr(config, step, 3) for step in (1, 2, 3)]) and moved == [
+        False,
+        True,
+        True,
+    ]
+    # The reference is the policy of step 2: step 3's update moved the policy on from it.
+    assert any(not torch.equal(learner.reference.state_dict()[k], v) for k, v in learner.model.state_dict().items())
+
+
 @pytest.mark.parametrize("loss", ["ppo", "reinforce"])
 def test_copies_of_a_sequence_are_scored_once_and_each_counts(tiny_model_dir, prompt, loss):
     """Identical (prompt, response) samples share one forward pass, yet each keeps its own

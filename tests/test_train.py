@@ -25,8 +25,9 @@ from selfplay.checkpoint import STATE_FILE, checkpoint_problem, checkpoint_step,
 from selfplay.cli import main
 from selfplay.config import load_config
 from selfplay.errors import UserError
+from selfplay.league.manager import League
 from selfplay.learner import Learner, NonFiniteUpdate
-from selfplay.train import COLLAPSE_STEPS, Trainer, TrainingDiverged, step_matches, train_command
+from selfplay.train import COLLAPSE_STEPS, Trainer, TrainingDiverged, train_command
 
 TINY = [
     "steps=2",
@@ -53,12 +54,13 @@ def logged_steps(run_dir, tag="reward/mean"):
     return [event.step for event in events.Scalars(tag)]
 
 
-def test_matches_alternate_seats_and_repeat_starts_per_group():
+def test_without_a_league_the_main_player_owns_every_match_seats_alternating_starts_repeated_per_group():
     config = load_config(None, ["games={tictactoe: 1}", "opponents={random: 1}", "rollout.games_per_step=8"])
-    matches = step_matches(config, step=3)
-    assert [m.players.index("main") for m in matches] == [0, 1] * 4
-    assert step_matches(config, step=3) == matches and step_matches(config, step=4) != matches
-    grouped = step_matches(load_config(None, ["advantages.group_size=4", "advantages.estimator=grpo"]), step=1)
+    league = League(config)  # a league of one
+    matches = league.schedule(step=3)
+    assert [m.players.index("main") for m in matches] == [0, 1] * 4 and {m.owner for m in matches} == {"main"}
+    assert league.schedule(step=3) == matches and league.schedule(step=4) != matches
+    grouped = League(load_config(None, ["advantages.group_size=4", "advantages.estimator=grpo"])).schedule(step=1)
     assert len({m.seed for m in grouped}) == len(grouped) // 4
 
 
