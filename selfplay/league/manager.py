@@ -59,7 +59,8 @@ def roles_of(game: str) -> tuple[str, ...]:
 
 class League:
     def __init__(self, config: TrainConfig, store: LeagueStore | None = None):
-        """The league `store` holds; without one, the league of one of a run without a league."""
+        """The league that `store` holds; without a store, the league of one of a run without
+        `league.enabled` (see the module's docstring)."""
         self.config = config
         self.store = store
         self.payoff = PayoffTable(config.league.payoff_decay)
