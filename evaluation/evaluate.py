@@ -272,8 +272,6 @@ def evaluate(candidates: Sequence[Candidate], settings: EvalSettings, progress: 
 
     if not candidates:
         raise UserError("Nothing to evaluate: give --checkpoints (run directories, checkpoints or models).")
-    if settings.episodes < 1:
-        raise UserError("--episodes must be at least 1.")
     pairings, skipped = plan_pairings(settings.games, settings.opponents)
     pairs = len(candidates) * (len(candidates) - 1) // 2 if settings.round_robin else 0
     total = len(candidates) * sum(map(len, pairings.values())) * settings.episodes
@@ -381,13 +379,6 @@ def exploitabilities(candidates: Sequence[Candidate], games: Sequence[str], roll
     for candidate in candidates:
         model, tokenizer = candidate.network()
         for game in games:
-            value = policy_exploitability(
-                model,
-                tokenizer,
-                game,
-                decoding=rollout.sampling.decoding,
-                prompt=rollout.prompt,
-                temperature=rollout.sampling.temperature,
-            )
+            value = policy_exploitability(model, tokenizer, game, rollout)
             rows.append({"candidate": candidate.name, "step": candidate.step, "game": game, "exploitability": value})
     return rows

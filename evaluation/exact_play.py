@@ -31,7 +31,7 @@ from selfplay.evaluation.exploitability import (
     state_key,
     twin_env,
 )
-from selfplay.prompts import PromptStyle
+from selfplay.rollouts import RolloutSettings
 
 Probabilities = dict[str, dict[int, float]]  # state_key -> {OpenSpiel action: probability}
 
@@ -44,12 +44,16 @@ def perfect_information_twin(game: str) -> pyspiel.Game:
     return spiel_game
 
 
-def state_probabilities(model, tokenizer, game: str, prompt: PromptStyle = "full", **scoring) -> Probabilities:
-    """The model's move probabilities at every decision state of `game`, read as
-    `selfplay.evaluation.exploitability.move_probabilities` reads them."""
+def state_probabilities(model, tokenizer, game: str, rollout: RolloutSettings = RolloutSettings()) -> Probabilities:
+    """The model's move probabilities at every decision state of `game`, asked and scored as the
+    rollouts `rollout` ask it and sample it (as `selfplay.evaluation.exploitability.move_probabilities`
+    reads them)."""
     perfect_information_twin(game)
-    states = information_states(game, by_state=True, prompt=prompt)
-    return scored_states(states, model_scorer(model, tokenizer, **scoring))
+    states = information_states(game, by_state=True, prompt=rollout.prompt)
+    sampling = rollout.sampling
+    return scored_states(
+        states, model_scorer(model, tokenizer, decoding=sampling.decoding, temperature=sampling.temperature)
+    )
 
 
 def greedy(probabilities: Probabilities) -> Probabilities:
@@ -147,11 +151,12 @@ def _ends_in_win(state: pyspiel.State, player: int) -> bool:
     return state.is_terminal() and state.returns()[player] > 0
 
 
-def exact_report(model, tokenizer, game: str, prompt: PromptStyle = "full", **scoring) -> dict:
+def exact_report(model, tokenizer, game: str, rollout: RolloutSettings = RolloutSettings()) -> dict:
     """Exact non-loss against random per seat, for the policy and for its greedy version, with
-    each seat's losses by cause (`losses_vs_random`), and the one-move tactics of the policy."""
+    each seat's losses by cause (`losses_vs_random`), and the one-move tactics of the policy
+    (read as `state_probabilities` reads it)."""
     spiel_game = perfect_information_twin(game)
-    probabilities = state_probabilities(model, tokenizer, game, prompt, **scoring)
+    probabilities = state_probabilities(model, tokenizer, game, rollout)
     report = {}
     for name, policy in (("sampled", probabilities), ("greedy", greedy(probabilities))):
         losses = losses_vs_random(spiel_game, policy)

@@ -32,21 +32,14 @@ from selfplay.default_model import resolve_model
 from selfplay.evaluation.exact_play import exact_report
 from selfplay.evaluation.exploitability import exploitability_of, move_probabilities
 from selfplay.match import play_series
+from selfplay.rollouts import RolloutSettings
 from selfplay.scoring import pick_device
-from selfplay.train import Trainer, rollout_settings
+from selfplay.train import Trainer
 
 
 def non_loss_vs_random(model_dir: str, game: str, episodes: int, seed: int, rollout: RolloutConfig) -> dict:
-    settings = rollout_settings(rollout)
-    results = play_series(
-        game,
-        [f"model:{model_dir}", "random"],
-        episodes,
-        seed,
-        sampling=settings.sampling,
-        prompt=settings.prompt,
-        progress=False,
-    )
+    settings = RolloutSettings.from_config(rollout)
+    results = play_series(game, [f"model:{model_dir}", "random"], episodes, seed, rollout=settings, progress=False)
     figures = {}
     for seat in (0, 1):
         mine = [r for r in results if r.players[seat].startswith("model:")]
@@ -72,15 +65,15 @@ def load(model_dir: str):
 def measure(model_dir: str, games: list[str], episodes: int, seed: int, rollout: RolloutConfig) -> dict:
     """The figures of the model in `model_dir`, asked and decoded as `rollout` says."""
     figures = {}
-    asked = rollout.probe_settings()
+    asked = RolloutSettings.from_config(rollout)
     for game in games:
         if game == "kuhn_poker":
-            probabilities = move_probabilities(*load(model_dir), game, **asked)
+            probabilities = move_probabilities(*load(model_dir), game, asked)
             figures["kuhn_poker/exploitability"] = exploitability_of(game, probabilities)
             # Each information state is its card (0 J, 1 Q, 2 K), then the moves so far (p pass, b bet).
             figures["kuhn_poker/p_bet_or_call"] = {key: round(p[1], 3) for key, p in sorted(probabilities.items())}
         if game == "tictactoe":
-            figures["tictactoe/exact_vs_random"] = exact_report(*load(model_dir), game, **asked)
+            figures["tictactoe/exact_vs_random"] = exact_report(*load(model_dir), game, asked)
         figures[f"{game}/vs_random"] = non_loss_vs_random(model_dir, game, episodes, seed, rollout)
     return figures
 

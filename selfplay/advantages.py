@@ -103,10 +103,6 @@ def rae(
     once in the batch falls back to b[key]. Other games' returns are independent of this turn's
     move, so the baseline leaves the gradient unbiased.
     """
-    if not 0.0 <= decay <= 1.0:
-        raise UserError(f"the RAE baseline decay must lie in [0, 1], got {decay}")
-    if state_prior is not None and state_prior < 0:
-        raise UserError(f"the RAE state prior must be at least 0, got {state_prior}")
     by_state = _returns_by_state(trajectories, key) if state_prior is not None else {}
     updated = dict(baselines)
     values = []
@@ -204,8 +200,6 @@ def reinforce(trajectories: Sequence[Trajectory]) -> Advantages:
 
 def discount_turns(trajectories: Sequence[Trajectory], advantages: Advantages, discount: float) -> Advantages:
     """Scale each turn's advantage by `discount` ** (the turns its seat takes after it in its trajectory)."""
-    if not 0.0 < discount <= 1.0:
-        raise UserError(f"advantages.turn_discount must lie in (0, 1], got {discount}")
     scaled = []
     for trajectory, values in zip(trajectories, advantages):
         later: Counter[int] = Counter()
@@ -230,9 +224,8 @@ def estimate(
 ) -> tuple[Advantages, dict[Key, float]]:
     """Run the estimator called `name`, each turn's advantage then scaled by `turn_discount` (see
     `discount_turns`); returns the advantages and the baselines to carry to the next batch.
-    `state_prior` is RAE's (see `rae`); other estimators refuse it."""
-    if state_prior is not None and name != "rae":
-        raise UserError(f"advantages.state_prior is a setting of the rae estimator, not of {name}; remove it")
+    `decay` and `state_prior` are RAE's (see `rae`). The config schema (`AdvantageConfig`)
+    checks their ranges and which estimator takes which."""
     advantages, baselines = _estimate(name, trajectories, baselines, decay, key, state_prior)
     if turn_discount != 1.0:
         advantages = discount_turns(trajectories, advantages, turn_discount)

@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 
 from selfplay.agents import agent_help
-from selfplay.backends import BACKENDS, SamplingSettings
-from selfplay.config import MAX_COUNT, MAX_EPISODES, MAX_SEED, Bounds, find_yaml, load_config
+from selfplay.backends import BACKENDS
+from selfplay.config import Bounds, EvalConfig, RolloutConfig, TrainConfig, find_yaml, load_config, number_bounds
 from selfplay.errors import UserError
 from selfplay.evaluation.scoreboard import format_table, tally
-from selfplay.games import InvalidMovePolicy, describe_games
+from selfplay.games import describe_games
 from selfplay.games.registry import ENTRY_POINT_GROUP
 from selfplay.legal_decoding import DECODINGS
 from selfplay.match import play_series
 from selfplay.prompts import PROMPT_STYLES
+from selfplay.rollouts import RolloutSettings
 from selfplay.run_dir import RunDir
 
 DECODING_HELP = "free: the model writes any text; legal: only answers naming a legal move (default free)"
@@ -35,13 +38,7 @@ def _cmd_play(args: argparse.Namespace) -> int:
         specs,
         args.episodes,
         args.seed,
-        invalid_moves=InvalidMovePolicy(retries=args.retries),
-        max_turns=args.max_turns,
-        sampling=SamplingSettings(
-            max_new_tokens=args.max_new_tokens, temperature=args.temperature, decoding=args.decoding
-        ),
-        observation_mode=args.observation_mode,
-        prompt=args.prompt,
+        rollout=_rollout(args),
         backend=args.backend,
         # A progress bar would interleave with a human player's prompts.
         progress=not args.no_progress and not any(spec.startswith("human") for spec in specs),
@@ -79,7 +76,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_eval(args: argparse.Namespace) -> int:
     from selfplay.evaluation.evaluate import EvalSettings, evaluate, find_candidates, load_suite
     from selfplay.evaluation.report import RESULTS_FILE, write_report
-    from selfplay.rollouts import RolloutSettings
 
     suite = load_suite(args.suite) if args.suite else {}
     games = args.games or suite.get("games")
@@ -91,13 +87,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         opponents=tuple(o.strip() for o in opponents.split(",") if o.strip()),
         episodes=args.episodes or int(suite.get("episodes", 50)),
         seed=args.seed,
-        rollout=RolloutSettings(
-            sampling=SamplingSettings(
-                max_new_tokens=args.max_new_tokens, temperature=args.temperature, decoding=args.decoding
-            ),
-            prompt=args.prompt,
-            max_turns=args.max_turns,
-        ),
+        rollout=_rollout(args),
         backend=args.backend,
         round_robin=not args.no_round_robin,
         exploitability=not args.no_exploitability,
@@ -141,11 +131,24 @@ def _cmd_games_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rollout(args: argparse.Namespace) -> RolloutSettings:
+    """The rollout settings a command's options give, through the config's `rollout` section:
+    its checks, then the conversion training uses. Each option has the name of its key there."""
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(RolloutConfig) if hasattr(args, f.name)}
+    return RolloutSettings.from_config(RolloutConfig(**given))
+
+
 def _make_output_dir(path: str, option: str) -> None:
     try:
         Path(path).mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise UserError(f"Cannot make the directory '{path}': {err.strerror}. Choose another {option}.") from None
+
+
+def _setting(section, name: str):
+    """An argparse type reading an option as the config reads the field `name` of `section`: the
+    same kind of number, within the same range."""
+    return _number(*number_bounds(typing.get_type_hints(section, include_extras=True)[name]))
 
 
 def _number(kind: type, bounds: Bounds):
@@ -164,11 +167,12 @@ def _number(kind: type, bounds: Bounds):
     return parse
 
 
-EPISODES = _number(int, Bounds(1, MAX_EPISODES))
-SEED = _number(int, Bounds(0, MAX_SEED))
-COUNT = _number(int, Bounds(0, MAX_COUNT))
-AT_LEAST_ONE = _number(int, Bounds(1, MAX_COUNT))
-TEMPERATURE = _number(float, Bounds(0))
+EPISODES = _setting(EvalConfig, "episodes")
+SEED = _setting(TrainConfig, "seed")
+RETRIES = _setting(RolloutConfig, "retries")
+MAX_TURNS = _setting(RolloutConfig, "max_turns")
+MAX_NEW_TOKENS = _setting(RolloutConfig, "max_new_tokens")
+TEMPERATURE = _setting(RolloutConfig, "temperature")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -198,12 +202,12 @@ def build_parser() -> argparse.ArgumentParser:
     play.add_argument("--seed", type=SEED, default=0, help="seed for deals, dice and agents (default 0)")
     play.add_argument(
         "--retries",
-        type=COUNT,
+        type=RETRIES,
         default=0,
         help="extra attempts after an invalid move (default 0: the game ends with a penalty)",
     )
     play.add_argument(
-        "--max-turns", type=AT_LEAST_ONE, default=50, help="turn cap; a game that reaches it is a draw (default 50)"
+        "--max-turns", type=MAX_TURNS, default=50, help="turn cap; a game that reaches it is a draw (default 50)"
     )
     play.add_argument(
         "--backend", choices=BACKENDS, default="hf", help="generation backend for model agents (default hf)"
@@ -213,7 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     play.add_argument("--decoding", choices=DECODINGS, default="free", help=DECODING_HELP)
     play.add_argument("--prompt", choices=PROMPT_STYLES, default="full", help=PROMPT_HELP)
-    play.add_argument("--max-new-tokens", type=AT_LEAST_ONE, default=64, help="token limit per model turn (default 64)")
+    play.add_argument(
+        "--max-new-tokens", type=MAX_NEW_TOKENS, default=64, help="token limit per model turn (default 64)"
+    )
     play.add_argument(
         "--observation-mode",
         choices=("single_turn", "multi_turn"),
@@ -273,8 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--temperature", type=TEMPERATURE, default=1.0, help="sampling temperature (default 1)")
     evaluation.add_argument("--decoding", choices=DECODINGS, default="free", help=DECODING_HELP)
     evaluation.add_argument("--prompt", choices=PROMPT_STYLES, default="full", help=PROMPT_HELP)
-    evaluation.add_argument("--max-new-tokens", type=AT_LEAST_ONE, default=32, help="tokens per turn (default 32)")
-    evaluation.add_argument("--max-turns", type=AT_LEAST_ONE, default=50, help="turn cap per game (default 50)")
+    evaluation.add_argument("--max-new-tokens", type=MAX_NEW_TOKENS, default=32, help="tokens per turn (default 32)")
+    evaluation.add_argument("--max-turns", type=MAX_TURNS, default=50, help="turn cap per game (default 50)")
     evaluation.add_argument("--no-round-robin", action="store_true", help="skip the round robin between checkpoints")
     evaluation.add_argument("--no-exploitability", action="store_true", help="skip exact exploitability")
     evaluation.add_argument("--no-progress", action="store_true", help="hide the progress bar")

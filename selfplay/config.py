@@ -88,11 +88,6 @@ class RolloutConfig:
         if self.decoding == "legal" and self.top_p < 1:
             raise UserError("rollout.top_p applies to free decoding only: with rollout.decoding=legal leave it at 1.")
 
-    def probe_settings(self) -> dict:
-        """How the exact probes (`move_probabilities`, `exact_report`) ask the model and read its
-        answers: as these rollouts ask it and sample them."""
-        return {"decoding": self.decoding, "prompt": self.prompt, "temperature": self.temperature}
-
 
 GROUPED_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
 
@@ -411,8 +406,8 @@ def _convert(hint, value: Any, key: str):
         if value not in args:
             raise UserError(f"Bad value for '{key}': {_shown(value)}; choose one of {', '.join(map(str, args))}.")
         return value
-    if origin is Annotated:
-        return _number(*args, value, key)
+    if origin is Annotated or hint is int:
+        return _number(*number_bounds(hint), value, key)
     if origin is list:
         items = [value] if isinstance(value, str) else value
         if not isinstance(items, list):
@@ -435,13 +430,17 @@ def _convert(hint, value: Any, key: str):
         if not isinstance(value, bool):
             raise UserError(f"Bad value for '{key}': expected true or false, got {_shown(value)}.")
         return value
-    if hint is int:
-        return _number(int, Bounds(0, MAX_COUNT), value, key)
     if hint is str:
         if not isinstance(value, str) or not value:
             raise UserError(f"Bad value for '{key}': expected text, got {_shown(value)}.")
         return value
     raise TypeError(f"config field '{key}' has a type the loader does not handle: {hint}")
+
+
+def number_bounds(hint) -> tuple[type, Bounds]:
+    """The kind (int or float) and the range of a number field of the schema, from its type: a
+    plain `int` is a count from 0."""
+    return (int, Bounds(0, MAX_COUNT)) if hint is int else typing.get_args(hint)
 
 
 def _number(kind: type, bounds: Bounds, value: Any, key: str) -> int | float:

@@ -35,13 +35,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from selfplay.backends.base import save_weights
 from selfplay.config import LearnerConfig
-from selfplay.errors import UserError
 from selfplay.legal_decoding import Choices
 from selfplay.scoring import autocast, pick_device, response_logprobs, response_logprobs_and_entropy
 
 
-class NonFiniteUpdate(UserError):
-    """An update whose loss, gradient or resulting weights are not finite numbers."""
+class NonFiniteUpdate(RuntimeError):
+    """An update whose loss, gradient or resulting weights are not finite numbers: the policy
+    diverged, which no setting refused up front."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +126,16 @@ class Learner:
         stats["lr"] = self.optimizer.param_groups[0]["lr"]
         return stats
 
+    def scheduled_update(self, samples: Sequence[Sample], step: int, total_steps: int) -> dict[str, float]:
+        """Update `step` (counted from 1) of a run of `total_steps`: `update` at the learning rate
+        the schedule gives that step (`scheduled_lr`), then the KL reference moves to the new
+        policy if `reference_update_every` says it is due."""
+        stats = self.update(samples, scheduled_lr(self.config, step, total_steps))
+        every = self.config.reference_update_every
+        if every and step % every == 0:
+            self.move_reference()
+        return stats
+
     def _minibatch_step(self, samples, indices, old, reference) -> dict[str, float]:
         config = self.config
         lengths = [len(samples[i].response_ids) for i in indices]
@@ -199,13 +209,16 @@ class Learner:
         if not torch.isfinite(grad_norm):  # one such step would make every weight NaN
             self.optimizer.zero_grad(set_to_none=True)
             raise NonFiniteUpdate(
-                f"The learner's loss or gradient is not finite (gradient norm {grad_norm.item()}), so the update "
-                "was not applied: lower learner.lr, or use learner.precision=fp32."
+                f"loss {sums['loss']}, gradient norm {grad_norm.item()}: the update was not applied, and the "
+                "weights are as they were"
             )
         self.optimizer.step()
         if not torch.stack([p.detach().isfinite().all() for p in trainable]).all():
+            broken = [name for name, p in self.model.named_parameters() if not p.detach().isfinite().all()]
             raise NonFiniteUpdate(
-                "The learner's update made some weights infinite or NaN, so its weights are lost: lower learner.lr."
+                f"loss {sums['loss']}, gradient norm {grad_norm.item()}, and the update made {len(broken)} weight "
+                f"tensors infinite or NaN ({', '.join(broken[:3])}{', ...' if len(broken) > 3 else ''}): the "
+                "learner's weights are lost"
             )
         loss = sums.pop("loss")
         stats = {name: value / tokens for name, value in sums.items()}

@@ -14,11 +14,10 @@ import numpy as np
 from tqdm import tqdm
 
 from selfplay.agents import make_agent
-from selfplay.backends import PolicyBackend, SamplingSettings, make_backend
+from selfplay.backends import PolicyBackend, make_backend
 from selfplay.default_model import resolve_model
 from selfplay.errors import UserError
-from selfplay.games import InvalidMovePolicy, make_game
-from selfplay.prompts import ObservationMode, PromptStyle
+from selfplay.games import make_game
 from selfplay.records import MatchResult
 from selfplay.rollouts import MatchSpec, Player, RolloutEngine, RolloutSettings
 
@@ -73,16 +72,12 @@ def play_series(
     episodes: int,
     seed: int,
     *,
-    invalid_moves: InvalidMovePolicy = InvalidMovePolicy(),
-    max_turns: int = 50,
-    sampling: SamplingSettings = SamplingSettings(),
-    observation_mode: ObservationMode = "single_turn",
-    prompt: PromptStyle = "full",
+    rollout: RolloutSettings = RolloutSettings(),
     backend: str = "hf",
-    concurrency: int = 256,
     progress: bool = True,
 ) -> list[MatchResult]:
-    """Play `episodes` games of `game`, rotating the agents through the seats each game.
+    """Play `episodes` games of `game`, rotating the agents through the seats each game, as
+    `rollout` says (sampling, prompts, invalid moves, turn cap).
 
     Everything random (deals, dice, the agents' choices, model sampling) derives from `seed`:
     the same call gives the same results.
@@ -97,14 +92,7 @@ def play_series(
         MatchSpec(game, tuple(labels[(episode + seat) % seats] for seat in range(seats)), episode_seeds[episode])
         for episode in range(episodes)
     ]
-    settings = RolloutSettings(
-        sampling=replace(sampling, seed=seed),
-        observation_mode=observation_mode,
-        prompt=prompt,
-        max_turns=max_turns,
-        invalid_moves=invalid_moves,
-        concurrency=concurrency,
-    )
+    settings = replace(rollout, sampling=replace(rollout.sampling, seed=seed))
     trajectories = RolloutEngine(players, settings).run(matches)
     bar = tqdm(trajectories, total=episodes, desc=game, unit="game", disable=not progress, leave=False)
     try:

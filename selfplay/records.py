@@ -20,6 +20,7 @@ class MatchResult:
     invalid_moves: tuple[int, ...]  # invalid outputs per seat
     turns: int  # valid moves played
     end_reason: str  # "game_over", "invalid_move" or "turn_cap"
+    owner: str | None = None  # the learning player that trains on this game (`MatchSpec.owner`)
 
     def to_dict(self) -> dict:
         return asdict(self)

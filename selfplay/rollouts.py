@@ -26,6 +26,7 @@ import numpy as np
 
 from selfplay.agents import Agent, make_agent
 from selfplay.backends import Generation, PolicyBackend, SamplingSettings
+from selfplay.config import RolloutConfig
 from selfplay.errors import UserError
 from selfplay.games import InvalidMovePolicy, TextGameEnv, UnfinishedOutput, make_env
 from selfplay.legal_decoding import Choices, answer_choices
@@ -42,6 +43,7 @@ class MatchSpec:
     game: str
     players: tuple[str, ...]
     seed: int
+    owner: str | None = None  # the learning player that trains on this game; None outside training
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,28 @@ class RolloutSettings:
     max_turns: int = 50
     invalid_moves: InvalidMovePolicy = InvalidMovePolicy()
     concurrency: int = 256  # games in flight at once
+
+    @classmethod
+    def from_config(cls, rollout: RolloutConfig) -> RolloutSettings:
+        """How the engine samples, asks and referees games under a config's `rollout` section:
+        the one conversion that training, `selfplay play`, `selfplay eval` and the probes share."""
+        return cls(
+            sampling=SamplingSettings(
+                max_new_tokens=rollout.max_new_tokens,
+                temperature=rollout.temperature,
+                top_p=rollout.top_p,
+                decoding=rollout.decoding,
+            ),
+            observation_mode=rollout.observation_mode,
+            prompt=rollout.prompt,
+            max_turns=rollout.max_turns,
+            invalid_moves=InvalidMovePolicy(
+                retries=rollout.retries,
+                penalty=rollout.invalid_penalty,
+                opponent_reward=rollout.invalid_opponent_reward,
+            ),
+            concurrency=rollout.concurrency,
+        )
 
 
 @dataclass(frozen=True)
@@ -149,6 +173,7 @@ class RolloutEngine:
             invalid_moves=tuple(len(env.invalid_log[a]) for a in env.possible_agents),
             turns=env.turns,
             end_reason=env.end_reason,
+            owner=game.match.owner,
         )
         self._idle_envs[game.match.game].append(env)
         return Trajectory(result, tuple(game.turns))

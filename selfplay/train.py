@@ -1,12 +1,13 @@
 """`selfplay train`: self-play training of one shared policy, one step at a time.
 
-Each step: pick the step's matches (games and opponents by their config weights, the
-learner's seat alternating; with `league.enabled`, the league picks them for the main player
-and each exploiter) -> the rollout engine plays them all at once, batching every pending turn
-per policy (learners and frozen snapshots alike) -> each learning player's turns get
-role-conditioned advantages -> each learner updates -> its new weights go to its generation
-backend -> the league records the results and takes its snapshots -> metrics go to
-TensorBoard and the progress bar, and a checkpoint is written every `checkpoint_every` steps.
+Each step: the league picks each learning player's matches (games and opponents by their
+config weights, the player's seat alternating; a run without `league.enabled` is a league of
+one, the main player) -> the rollout engine plays them all at once, batching every pending
+turn per policy (learners and frozen snapshots alike) -> each learning player's turns get
+role-conditioned advantages -> each learner updates on its schedule -> its new weights go to
+its generation backend -> the league records the results and takes its snapshots -> metrics
+go to TensorBoard and the progress bar, and a checkpoint is written every `checkpoint_every`
+steps.
 
 Everything random derives from `seed` and the step number (and the checkpointed torch random
 state), so a run resumed after a crash replays the steps it lost exactly as they would have been.
@@ -31,7 +32,7 @@ from transformers.utils import logging as transformers_logging
 
 from selfplay.advantages import advantage_stats, estimate
 from selfplay.agents import make_agent
-from selfplay.backends import PRECISIONS, PolicyBackend, SamplingSettings, make_backend
+from selfplay.backends import PRECISIONS, PolicyBackend, make_backend
 from selfplay.checkpoint import (
     checkpoint_step,
     exploiter_checkpoint,
@@ -40,17 +41,17 @@ from selfplay.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from selfplay.config import RolloutConfig, TrainConfig, config_to_dict, load_config
+from selfplay.config import TrainConfig, config_to_dict, load_config
 from selfplay.default_model import resolve_model
 from selfplay.errors import UserError
 from selfplay.evaluation.evaluate import plan_pairings, play_opponents
 from selfplay.evaluation.exploitability import SUPPORTED_GAMES, policy_exploitability
-from selfplay.games import InvalidMovePolicy, make_game
-from selfplay.league.manager import League, ScheduledMatch, initial_players, roles_of
-from selfplay.league.matchmaking import MAIN, SELF, is_fixed, rule_error, schedule_matches
+from selfplay.games import make_game
+from selfplay.league.manager import League, initial_players, roles_of
+from selfplay.league.matchmaking import MAIN, SELF, is_fixed, rule_error
 from selfplay.league.population import snapshot_name
 from selfplay.league.store import LeagueStore
-from selfplay.learner import Learner, NonFiniteUpdate, Sample, scheduled_lr
+from selfplay.learner import Learner, NonFiniteUpdate, Sample
 from selfplay.records import Trajectory
 from selfplay.roles.base import advantage_key
 from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
@@ -132,36 +133,6 @@ def eval_pairings(config: TrainConfig) -> dict[str, list[str]]:
     return pairings
 
 
-def rollout_settings(rollout: RolloutConfig) -> RolloutSettings:
-    """How the rollout engine samples, asks and referees games under the config's `rollout`."""
-    return RolloutSettings(
-        sampling=SamplingSettings(
-            max_new_tokens=rollout.max_new_tokens,
-            temperature=rollout.temperature,
-            top_p=rollout.top_p,
-            decoding=rollout.decoding,
-        ),
-        observation_mode=rollout.observation_mode,
-        prompt=rollout.prompt,
-        max_turns=rollout.max_turns,
-        invalid_moves=InvalidMovePolicy(
-            retries=rollout.retries,
-            penalty=rollout.invalid_penalty,
-            opponent_reward=rollout.invalid_opponent_reward,
-        ),
-        concurrency=rollout.concurrency,
-    )
-
-
-def step_matches(config: TrainConfig, step: int) -> list[MatchSpec]:
-    """The step's games without a league: game and opponent drawn by weight, the main
-    player's seat alternating, each game start played `group_size` times."""
-    roles = {game: roles_of(game) for game in config.games}
-    starts = config.rollout.games_per_step // config.advantages.group_size
-    rng = np.random.default_rng([config.seed, step])
-    return schedule_matches(rng, MAIN, config.opponents, config.games, roles, starts, config.advantages.group_size)
-
-
 def learner_view(trajectory: Trajectory, label: str) -> Trajectory:
     """The trajectory with only the turns of `label`: the opponents' are not trained on."""
     return dataclasses.replace(trajectory, turns=tuple(t for t in trajectory.turns if t.agent == label))
@@ -195,6 +166,11 @@ def rollout_metrics(trajectories: Sequence[Trajectory], label: str = MAIN) -> di
         metrics["turns/response_tokens"] = float(np.mean([len(t.response_ids) for t in turns]))
         metrics["turns/per_step"] = float(len(turns))
     return metrics
+
+
+class TrainingDiverged(RuntimeError):
+    """A learner's update at some step was not finite: the run stops there, keeping its last good
+    checkpoint. Not a `UserError`: no setting was refused, training failed, and its traceback is kept."""
 
 
 @dataclass
@@ -251,14 +227,14 @@ class Trainer:
             }
         )
         self.frozen: dict[str, PolicyBackend] = {}  # snapshots' backends, loaded when first matched
-        self.league = self._open_league(checkpoint) if config.league.enabled else None
+        self.league = self._open_league(checkpoint) if config.league.enabled else League(config)
         if checkpoint is not None:  # last, so that its random state is the one the run goes on with
             main.baselines = _baselines(load_checkpoint(checkpoint, main.learner))
         from torch.utils.tensorboard import SummaryWriter
 
         # purge_step drops anything a killed run logged after its last checkpoint.
         self.writer = SummaryWriter(str(RunDir(self.run_dir).tensorboard), purge_step=self.step + 1)
-        self.rollout_settings = rollout_settings(config.rollout)
+        self.rollout_settings = RolloutSettings.from_config(config.rollout)
 
     @property
     def learner(self) -> Learner:
@@ -322,11 +298,12 @@ class Trainer:
         return path
 
     def _exploiter_config(self):
-        learner = self.config.learner
+        learner, league = self.config.learner, self.config.league
         # An exploiter's KL reference is the shared base under its adapters, which stays put.
         return dataclasses.replace(
             learner,
-            lora=dataclasses.replace(learner.lora, rank=self.config.league.exploiter_lora_rank),
+            lr=learner.lr if league.exploiter_lr is None else league.exploiter_lr,
+            lora=dataclasses.replace(learner.lora, rank=league.exploiter_lora_rank),
             reference_update_every=0,
         )
 
@@ -379,7 +356,7 @@ class Trainer:
     def _seat_players(self, matches: Sequence[MatchSpec]) -> dict:
         """Engine players for every label seated in `matches`: learning players' and snapshots'
         backends, and scripted agents by their specs."""
-        snapshots = {p.name for p in self.league.snapshots()} if self.league is not None else set()
+        snapshots = {p.name for p in self.league.snapshots()}
         seated = {}
         for label in {label for match in matches for label in match.players}:
             if label in self.players:
@@ -401,10 +378,7 @@ class Trainer:
         try:
             while self.step < self.config.steps:
                 self.step += 1
-                try:
-                    metrics = self.train_step()
-                except NonFiniteUpdate as err:  # before the poisoned weights reach a checkpoint
-                    raise UserError(f"Training stopped at step {self.step}. {err} {self._restart_hint()}") from None
+                metrics = self.train_step()
                 if self.config.eval.every and self.step % self.config.eval.every == 0:
                     metrics.update(self.evaluate())
                 self._log(metrics)
@@ -428,17 +402,19 @@ class Trainer:
             self.writer.close()
             for backend in [*(p.backend for p in self.players.values()), *self.frozen.values()]:
                 backend.close()
-            if self.league is not None:
-                self.league.store.close()
+            self.league.close()
         return metrics
 
-    def _restart_hint(self) -> str:
+    def _restart_hint(self, name: str) -> str:
+        """How to go on after `name`'s update diverged: from the last checkpoint, at a lower rate."""
+        exploiter_lr = name != MAIN and self.config.league.exploiter_lr is not None
+        rate = "league.exploiter_lr" if exploiter_lr else "learner.lr"
         saved = list_checkpoints(self.run_dir)
         if not saved:
-            return "The run had saved no checkpoint: start it again with a lower learner.lr."
+            return f"The run had saved no checkpoint: start it again with a lower {rate}."
         return (
-            f"Its last checkpoint, step {checkpoint_step(saved[-1])}, is kept: continue from it with "
-            f"`selfplay train --resume {self.run_dir} learner.lr=LOWER`."
+            f"Its last good checkpoint, step {checkpoint_step(saved[-1])}, is kept: continue from it with "
+            f"`selfplay train --resume {self.run_dir} {rate}=LOWER`."
         )
 
     def train_step(self) -> dict[str, float]:
@@ -448,21 +424,17 @@ class Trainer:
             self.rollout_settings.sampling,
             seed=int(np.random.SeedSequence([config.seed, self.step]).generate_state(1)[0]),
         )
-        if self.league is not None:
-            scheduled = self.league.schedule(self.step)
-        else:
-            scheduled = [ScheduledMatch(MAIN, match) for match in step_matches(config, self.step)]
-        owner = {(s.match.game, s.match.seed, s.match.players): s.owner for s in scheduled}
-        seated = self._seat_players([s.match for s in scheduled])
+        matches = self.league.schedule(self.step)
+        seated = self._seat_players(matches)
         versions = {label: player.version for label, player in seated.items() if isinstance(player, PolicyBackend)}
         engine = RolloutEngine(seated, dataclasses.replace(self.rollout_settings, sampling=sampling))
-        trajectories = list(engine.run([s.match for s in scheduled]))
+        trajectories = list(engine.run(matches))
         generated = time.perf_counter()
 
         metrics: dict[str, float] = {}
         sync_s = 0.0
         for name, player in self.players.items():
-            owned = [t for t in trajectories if owner[t.result.game, t.result.seed, t.result.players] == name]
+            owned = [t for t in trajectories if t.result.owner == name]
             learned = [learner_view(t, name) for t in owned]
             advantages, player.baselines = estimate(
                 config.advantages.estimator,
@@ -480,11 +452,13 @@ class Trainer:
             ]
             stats = rollout_metrics(owned, name)
             stats.update({f"advantage/{k}": v for k, v in advantage_stats(advantages).items()})
-            lr = scheduled_lr(player.learner.config, self.step, config.steps)
-            stats.update({f"learner/{k}": v for k, v in player.learner.update(samples, lr).items()})
-            every = player.learner.config.reference_update_every
-            if every and self.step % every == 0:
-                player.learner.move_reference()
+            try:
+                learned_stats = player.learner.scheduled_update(samples, self.step, config.steps)
+            except NonFiniteUpdate as err:  # raised before the diverged weights reach a backend or a checkpoint
+                raise TrainingDiverged(
+                    f"Training diverged at step {self.step}, in {name}'s update: {err}. {self._restart_hint(name)}"
+                ) from err
+            stats.update({f"learner/{k}": v for k, v in learned_stats.items()})
             synced = time.perf_counter()
             self._sync(player)
             sync_s += time.perf_counter() - synced
@@ -492,8 +466,7 @@ class Trainer:
             metrics.update({f"{prefix}{k}": v for k, v in stats.items()})
         updated = time.perf_counter()
 
-        if self.league is not None:
-            metrics.update(self._league_step(trajectories, versions))
+        metrics.update(self._league_step(trajectories, versions))
         for spec, game in self.games.items():
             metrics.update({f"game/{spec}/{k}": v for k, v in game.training_metrics().items()})
         tokens = sum(len(t.response_ids) for r in trajectories for t in r.turns)
@@ -516,15 +489,7 @@ class Trainer:
             backend = self.frozen.pop(name, None)
             if backend is not None:
                 backend.close()
-        ratings = self.league.ratings.table()
-        metrics = {
-            "league/snapshots": float(len(self.league.snapshots())),
-            "league/taken": float(len(changes.snapshots)),
-        }
-        for name in [*self.players, *(p.name for p in self.league.snapshots())]:
-            if name in ratings:
-                metrics[f"league/rating/{name}"] = ratings[name][0]
-        return metrics
+        return self.league.metrics(changes)
 
     def evaluate(self) -> dict[str, float]:
         """The current policy against the fixed opponents of `config.eval` (the same deals
@@ -541,7 +506,7 @@ class Trainer:
         for game in (g for g in self.eval_pairings if g in SUPPORTED_GAMES):
             with self.learner.scoring_model() as model:
                 metrics[f"eval/{game}/exploitability"] = policy_exploitability(
-                    model, self.learner.tokenizer, game, **self.config.rollout.probe_settings()
+                    model, self.learner.tokenizer, game, self.rollout_settings
                 )
         metrics["time/eval_s"] = time.perf_counter() - started
         return metrics

@@ -121,11 +121,6 @@ def test_rae_with_a_custom_key_shares_a_baseline_between_seats_in_turn_order():
     assert baselines == close({"ttt": -0.0025})
 
 
-def test_rae_rejects_a_decay_outside_the_unit_interval():
-    with pytest.raises(UserError, match="decay"):
-        rae([], {}, decay=1.5)
-
-
 STATE_BATCH = [
     traj((2.0, -2.0), [turn(0, prompt=(7,))]),
     traj((0.0, 0.0), [turn(0, prompt=(7,))]),
@@ -156,11 +151,7 @@ def test_rae_state_prior_counts_each_seat_once_per_prompt():
     assert_close(advantages, [(2.0, 2.0), (-2.0,)])
 
 
-def test_rae_state_prior_must_not_be_negative_and_belongs_to_rae_alone():
-    with pytest.raises(UserError, match="state prior"):
-        rae(STATE_BATCH, {}, state_prior=-1.0)
-    with pytest.raises(UserError, match="state_prior"):
-        estimate("grpo", STATE_BATCH, {}, state_prior=1.0)
+def test_estimate_passes_the_state_prior_to_rae():
     assert estimate("rae", STATE_BATCH, {}, state_prior=2.0) == rae(STATE_BATCH, {}, state_prior=2.0)
 
 
@@ -301,12 +292,8 @@ def test_turn_discount_scales_each_turn_by_its_seats_later_turns():
     assert baselines == rae(batch, {}, decay=0.5)[1] == {P0: -0.25, P1: 0.25}
 
 
-def test_turn_discount_of_one_changes_nothing_and_outside_the_unit_interval_is_refused():
-    batch = [alternating((1.0, -1.0), 5)]
+def test_turn_discount_of_one_changes_nothing():
     assert estimate("grpo", GROUPED[:3], {}, turn_discount=1.0) == estimate("grpo", GROUPED[:3], {})
-    for bad in (0.0, 1.5):
-        with pytest.raises(UserError, match="turn_discount"):
-            estimate("rae", batch, {}, turn_discount=bad)
 
 
 def test_the_default_key_is_game_and_role():

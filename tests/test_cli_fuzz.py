@@ -1,5 +1,6 @@
 """Whatever a user types or writes in a config, the command line answers with a result (exit 0)
-or with one line `selfplay: error: ...` (exit 2): never a traceback, never a half-made run.
+or with one line `selfplay: error: ...` (exit 2): never a traceback, never a half-made run. (A
+valid run may still diverge in training, which is no answer to its input: exit 1, with traceback.)
 
 Every verb gets bad values in every option, and `train` gets them in every key of the config
 schema (walked from its dataclasses), as overrides and as config files."""
@@ -21,7 +22,7 @@ from selfplay.errors import UserError
 from selfplay.league.manager import initial_players
 from selfplay.league.store import LeagueStore
 from selfplay.run_dir import RunDir
-from selfplay.train import validate
+from selfplay.train import TrainingDiverged, validate
 
 # Wrong types, signs, sizes and syntax, as YAML text for an override or a config value.
 BAD_YAML = [
@@ -146,13 +147,16 @@ def workdir(tmp_path, monkeypatch):
 
 def run_cli(argv: list[str], capsys) -> int:
     """`selfplay ARGV` in this process: its exit code, having checked that it is 0, or 2 with
-    exactly one line of error."""
+    exactly one line of error; 1 for a run that was accepted and diverged (`TrainingDiverged`,
+    which the command line shows with its traceback: training failed, not the input)."""
     try:
         code = main(argv)
     except SystemExit as exit:
         code = exit.code
+    except TrainingDiverged:
+        code = 1
     err = capsys.readouterr().err
-    assert code in (0, 2), (argv, code, err)
+    assert code in (0, 1, 2), (argv, code, err)
     if code == 2:
         lines = err.splitlines()
         assert len(lines) == 1 and lines[0].startswith("selfplay: error: "), (argv, err)

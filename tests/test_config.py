@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import typing
 from pathlib import Path
 
 import pytest
@@ -11,7 +14,8 @@ from selfplay.config import TrainConfig, find_yaml, load_config
 from selfplay.errors import UserError
 from selfplay.train import validate
 
-CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
+ROOT = Path(__file__).parent.parent
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
 
 def test_defaults_overrides_and_nested_sections(tmp_path):
@@ -183,3 +187,26 @@ def test_cli_reads_overrides_written_after_an_option(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["train", str(config), "--no-progress", "--bogus"])
     assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
+def schema_fields(cls=TrainConfig, prefix: str = "") -> list[tuple[str, str]]:
+    """(dotted key, field name) of every field of the schema, sections included."""
+    found = []
+    for name, hint in typing.get_type_hints(cls).items():
+        found.append((f"{prefix}{name}", name))
+        if dataclasses.is_dataclass(hint):
+            found += schema_fields(hint, f"{prefix}{name}.")
+    return found
+
+
+def test_every_config_field_is_read_outside_the_schema():
+    """A setting the code never reads is a setting that silently does nothing (as
+    league.exploiter_lr once did): every field must be read as an attribute somewhere in the
+    package, the schema's own module aside."""
+    read = set()
+    for package in ("selfplay", "games", "roles", "evaluation"):
+        for path in (ROOT / package).rglob("*.py"):
+            if path != ROOT / "selfplay" / "config.py":
+                tree = ast.parse(path.read_text(encoding="utf-8"))
+                read |= {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    assert [key for key, name in schema_fields() if name not in read] == []

@@ -321,3 +321,12 @@ def test_role_games_train_in_the_league_with_role_slots(tiny_model_dir, tmp_path
     # an attacker seat the main player's own (self).
     seated = {m.players for m in matches if m.roles == ("attacker", "defender")}
     assert seated == {("main", "random"), ("main", "main")}
+
+
+def test_exploiters_learn_at_league_exploiter_lr_and_the_main_player_at_learner_lr(tiny_model_dir, tmp_path):
+    overrides = [*LEAGUE, "steps=1", "league.exploiter_lr=2e-3", f"model={tiny_model_dir}", f"run_dir={tmp_path}"]
+    trainer = Trainer(load_config(None, overrides), progress=False)
+    metrics = trainer.run()
+    rates = {name: player.learner.optimizer.param_groups[0]["lr"] for name, player in trainer.players.items()}
+    assert rates == {"main": 1e-2, "main_exploiter_0": 2e-3, "league_exploiter_0": 2e-3}
+    assert metrics["learner/lr"] == 1e-2 and metrics["main_exploiter_0/learner/lr"] == 2e-3

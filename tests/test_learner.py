@@ -11,7 +11,6 @@ from transformers import AutoModelForCausalLM
 from selfplay.backends import SamplingSettings
 from selfplay.backends.hf_backend import HFBackend
 from selfplay.config import LearnerConfig, LoraConfig
-from selfplay.errors import UserError
 from selfplay.games import make_env
 from selfplay.learner import Learner, NonFiniteUpdate, Sample, scheduled_lr
 from selfplay.prompts import opening_messages, prompt_ids
@@ -178,7 +177,7 @@ def test_bf16_autocast_updates(tiny_model_dir, prompt):
 def test_a_non_finite_gradient_is_refused_and_leaves_the_weights_as_they_were(tiny_model_dir, prompt):
     learner = Learner(str(tiny_model_dir), LearnerConfig(lr=1e-3), seed=0)
     before = {k: v.clone() for k, v in learner.model.state_dict().items()}
-    with pytest.raises(UserError, match="gradient is not finite"):
+    with pytest.raises(NonFiniteUpdate, match="loss nan, gradient norm nan: the update was not applied"):
         learner.update([sampled(learner, prompt, [5, 6, 7], math.nan)])
     assert all(torch.equal(before[k], v) for k, v in learner.model.state_dict().items())
     assert math.isfinite(learner.update([sampled(learner, prompt, [5, 6, 7], 1.0)])["loss"])
@@ -187,7 +186,7 @@ def test_a_non_finite_gradient_is_refused_and_leaves_the_weights_as_they_were(ti
 def test_an_update_that_makes_weights_non_finite_is_refused(tiny_model_dir, prompt):
     # The schema keeps learner.lr within [0, 1]; built directly, a learner takes any rate.
     learner = Learner(str(tiny_model_dir), LearnerConfig(lr=math.inf), seed=0)
-    with pytest.raises(NonFiniteUpdate, match="made some weights infinite or NaN"):
+    with pytest.raises(NonFiniteUpdate, match=r"made \d+ weight tensors infinite or NaN \(model\."):
         learner.update([sampled(learner, prompt, [5, 6, 7], 1.0)])
 
 
@@ -245,6 +244,22 @@ def test_update_runs_at_the_given_learning_rate(tiny_model_dir, prompt):
     learner.update([sampled(learner, prompt, response, 1.0)], lr=0.0)
     assert total_logprob(learner, prompt, response) == pytest.approx(before)  # lr 0 moves nothing
     assert learner.update([sampled(learner, prompt, response, 1.0)])["lr"] == 1e-3
+
+
+def test_a_scheduled_update_takes_its_steps_rate_and_moves_the_reference_when_due(tiny_model_dir, prompt):
+    config = LearnerConfig(lr=1e-2, lr_schedule="linear", warmup_steps=1, kl_coef=0.1, reference_update_every=2)
+    learner = Learner(str(tiny_model_dir), config, seed=0)
+    rates, moved = [], []
+    for step in (1, 2, 3):
+        rates.append(learner.scheduled_update([sampled(learner, prompt, [5, 6, 7], 1.0)], step, 3)["lr"])
+        moved.append(learner.reference_moved)
+    assert rates == pytest.approx([scheduled_lr(config, step, 3) for step in (1, 2, 3)]) and moved == [
+        False,
+        True,
+        True,
+    ]
+    # The reference is the policy of step 2: step 3's update moved the policy on from it.
+    assert any(not torch.equal(learner.reference.state_dict()[k], v) for k, v in learner.model.state_dict().items())
 
 
 @pytest.mark.parametrize("loss", ["ppo", "reinforce"])

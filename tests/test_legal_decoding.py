@@ -214,7 +214,7 @@ def test_legal_decoding_is_refused_for_free_text_games_and_with_top_p(tiny_model
 
 def test_the_exploitability_probe_reads_the_policy_legal_decoding_samples(hf_model, tokenizer):
     free = move_probabilities(hf_model, tokenizer, "kuhn_poker")
-    legal = move_probabilities(hf_model, tokenizer, "kuhn_poker", decoding="legal")
+    legal = move_probabilities(hf_model, tokenizer, "kuhn_poker", RolloutSettings(LEGAL))
     assert set(legal) == set(free) and len(legal) == 12
     assert all(sum(actions.values()) == pytest.approx(1.0) for actions in legal.values())
     state = information_states("kuhn_poker")[5]

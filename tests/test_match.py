@@ -2,10 +2,13 @@ import json
 
 import pytest
 
+from selfplay import cli
 from selfplay.cli import main
+from selfplay.config import RolloutConfig
 from selfplay.evaluation.scoreboard import format_table, tally
 from selfplay.match import agent_labels, play_series
 from selfplay.records import MatchResult
+from selfplay.rollouts import RolloutSettings
 
 
 def test_same_seed_same_results_and_seats_alternate():
@@ -75,6 +78,29 @@ def test_play_table(capsys):
         capsys, "play", "kuhn_poker", "--agents", "random,random", "--episodes", "5", "--no-progress"
     )
     assert code == 0 and "mean reward" in out and "random#2" in out
+
+
+def test_play_reads_its_options_as_a_configs_rollout_section(capsys, monkeypatch):
+    asked = []
+
+    def play_and_record(*args, rollout, **kwargs):
+        asked.append(rollout)
+        return play_series(*args, rollout=rollout, **kwargs)
+
+    monkeypatch.setattr(cli, "play_series", play_and_record)
+    options = ["--retries", "2", "--max-turns", "7", "--temperature", "0.5", "--decoding", "legal", "--prompt", "view"]
+    options += ["--max-new-tokens", "5", "--observation-mode", "multi_turn"]
+    assert run_cli(capsys, "play", "kuhn_poker", "--agents", "random,random", "--episodes", "2", *options)[0] == 0
+    expected = RolloutConfig(
+        retries=2,
+        max_turns=7,
+        temperature=0.5,
+        decoding="legal",
+        prompt="view",
+        max_new_tokens=5,
+        observation_mode="multi_turn",
+    )
+    assert asked == [RolloutSettings.from_config(expected)]
 
 
 @pytest.mark.parametrize(

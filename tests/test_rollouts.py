@@ -4,11 +4,37 @@ import pytest
 
 from selfplay.backends import SamplingSettings
 from selfplay.backends.hf_backend import HFBackend
+from selfplay.config import RolloutConfig
 from selfplay.games import InvalidMovePolicy
 from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
 from tests.fakes import LegalMoveBackend, ShuffledHandoverBackend
 
 MIXED_GAMES = ["tictactoe", "kuhn_poker", "connect_four", "leduc_holdem", "negotiation", "openspiel:connect_four"]
+
+
+def test_the_rollout_section_of_a_config_reaches_the_engine_field_by_field():
+    config = RolloutConfig(
+        games_per_step=8,
+        concurrency=3,
+        observation_mode="multi_turn",
+        prompt="view",
+        max_turns=7,
+        max_new_tokens=5,
+        temperature=0.5,
+        decoding="legal",
+        retries=2,
+        invalid_penalty=-2.0,
+        invalid_opponent_reward=1.0,
+    )
+    assert RolloutSettings.from_config(config) == RolloutSettings(
+        sampling=SamplingSettings(max_new_tokens=5, temperature=0.5, decoding="legal"),
+        observation_mode="multi_turn",
+        prompt="view",
+        max_turns=7,
+        invalid_moves=InvalidMovePolicy(retries=2, penalty=-2.0, opponent_reward=1.0),
+        concurrency=3,
+    )
+    assert RolloutSettings.from_config(RolloutConfig(top_p=0.9)).sampling.top_p == 0.9
 
 
 @pytest.fixture(scope="module")

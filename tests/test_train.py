@@ -25,9 +25,10 @@ from selfplay.checkpoint import STATE_FILE, checkpoint_problem, checkpoint_step,
 from selfplay.cli import main
 from selfplay.config import load_config
 from selfplay.errors import UserError
-from selfplay.learner import Learner
+from selfplay.league.manager import League
+from selfplay.learner import Learner, NonFiniteUpdate
 from selfplay.run_dir import RunDir
-from selfplay.train import COLLAPSE_STEPS, Trainer, step_matches, train_command
+from selfplay.train import COLLAPSE_STEPS, Trainer, TrainingDiverged, train_command
 
 TINY = [
     "steps=2",
@@ -54,12 +55,13 @@ def logged_steps(run_dir, tag="reward/mean"):
     return [event.step for event in events.Scalars(tag)]
 
 
-def test_matches_alternate_seats_and_repeat_starts_per_group():
+def test_without_a_league_the_main_player_owns_every_match_seats_alternating_starts_repeated_per_group():
     config = load_config(None, ["games={tictactoe: 1}", "opponents={random: 1}", "rollout.games_per_step=8"])
-    matches = step_matches(config, step=3)
-    assert [m.players.index("main") for m in matches] == [0, 1] * 4
-    assert step_matches(config, step=3) == matches and step_matches(config, step=4) != matches
-    grouped = step_matches(load_config(None, ["advantages.group_size=4", "advantages.estimator=grpo"]), step=1)
+    league = League(config)  # a league of one
+    matches = league.schedule(step=3)
+    assert [m.players.index("main") for m in matches] == [0, 1] * 4 and {m.owner for m in matches} == {"main"}
+    assert league.schedule(step=3) == matches and league.schedule(step=4) != matches
+    grouped = League(load_config(None, ["advantages.group_size=4", "advantages.estimator=grpo"])).schedule(step=1)
     assert len({m.seed for m in grouped}) == len(grouped) // 4
 
 
@@ -181,13 +183,14 @@ def test_a_run_stops_at_its_first_non_finite_update_and_keeps_its_last_good_chec
 
     monkeypatch.setattr(Learner, "update", update_with_nan_advantages_from_step_2)
     args = ["train", "--no-progress", *TINY, "steps=4", f"model={tiny_model_dir}", f"run_dir={run_dir}"]
-    assert main(args) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("selfplay: error: Training stopped at step 2.")
-    assert (
-        "gradient is not finite" in err
-        and f"step 1, is kept: continue from it with `selfplay train --resume {run_dir}" in err
-    )
+    # Not a bad input but a failed training: the command line lets it through with its traceback.
+    with pytest.raises(TrainingDiverged) as diverged:
+        main(args)
+    assert "selfplay: error" not in capsys.readouterr().err
+    message = str(diverged.value)
+    assert message.startswith("Training diverged at step 2, in main's update: loss nan, gradient norm nan: ")
+    assert f"step 1, is kept: continue from it with `selfplay train --resume {run_dir} learner.lr=LOWER`" in message
+    assert isinstance(diverged.value.__cause__, NonFiniteUpdate)
     assert len(updates) == 2 and [p.name for p in list_checkpoints(run_dir)] == ["step-000001"]
     for weights in (
         RunDir(run_dir).checkpoints / "step-000001" / "model.safetensors",

@@ -6,6 +6,9 @@ the step the league records every finished match in the payoff table, the online
 the store; freezes learning players whose snapshot rule fires (exploiters then restart from
 their initial weights); and retires snapshots beyond the population cap. All of it is a
 function of the store's records, so a resumed run rebuilds the league exactly.
+
+A run without `league.enabled` is a league of one: the main player alone, matched as its
+`opponents` say, with no store, and nothing recorded.
 """
 
 from __future__ import annotations
@@ -27,12 +30,6 @@ from selfplay.league.records import LEARNING_KINDS, LeagueMatch, LeaguePlayer
 from selfplay.league.store import LeagueStore
 from selfplay.records import Trajectory
 from selfplay.rollouts import MatchSpec
-
-
-@dataclass(frozen=True)
-class ScheduledMatch:
-    owner: str  # the learning player that trains on this game
-    match: MatchSpec
 
 
 @dataclass
@@ -61,7 +58,9 @@ def roles_of(game: str) -> tuple[str, ...]:
 
 
 class League:
-    def __init__(self, config: TrainConfig, store: LeagueStore):
+    def __init__(self, config: TrainConfig, store: LeagueStore | None = None):
+        """The league that `store` holds; without a store, the league of one of a run without
+        `league.enabled` (see the module's docstring)."""
         self.config = config
         self.store = store
         self.payoff = PayoffTable(config.league.payoff_decay)
@@ -69,11 +68,11 @@ class League:
         self.players: dict[str, LeaguePlayer] = {}
         # Replay the store: each step's matches, then the snapshots taken after them.
         created: dict[int, list[LeaguePlayer]] = {}
-        for player in store.players():
+        for player in store.players() if store is not None else [LeaguePlayer(MAIN, "main", 0)]:
             self.players[player.name] = player
             created.setdefault(player.created_step, []).append(player)
         matches_by_step: dict[int, list[LeagueMatch]] = {}
-        for match in store.matches():
+        for match in store.matches() if store is not None else []:
             matches_by_step.setdefault(match.step, []).append(match)
         for step in sorted(set(created) | set(matches_by_step)):
             for match in matches_by_step.get(step, []):
@@ -121,16 +120,17 @@ class League:
 
     # -- a step --------------------------------------------------------------------------------
 
-    def schedule(self, step: int) -> list[ScheduledMatch]:
-        """Every learning player's games for `step`, deterministic in (seed, step)."""
+    def schedule(self, step: int) -> list[MatchSpec]:
+        """Every learning player's games for `step`, each owned by its player, deterministic in
+        (seed, step)."""
         config = self.config
         starts = config.rollout.games_per_step // config.advantages.group_size
         roles = {game: roles_of(game) for game in config.games}
         scheduled = []
         for index, player in enumerate(self.learning_players()):
-            # The main player draws exactly as a run without a league would.
+            # The main player's draws do not depend on how many exploiters there are.
             rng = np.random.default_rng([config.seed, step] if index == 0 else [config.seed, step, index])
-            matches = schedule_matches(
+            scheduled += schedule_matches(
                 rng,
                 player.name,
                 self.mix(player),
@@ -142,7 +142,6 @@ class League:
                 win_rate=functools.partial(self._win_rate, player.name),
                 role_mixes=config.league.role_opponents,
             )
-            scheduled += [ScheduledMatch(player.name, match) for match in matches]
         return scheduled
 
     def record_step(
@@ -155,7 +154,10 @@ class League:
         """Record the step's finished games, then take the snapshots that are due and retire
         what the cap says, all committed to the store at once. `versions` gives each model
         player's policy version; `freeze(learner, snapshot)` writes a learner's weights for a
-        new snapshot and returns their path relative to the run directory."""
+        new snapshot and returns their path relative to the run directory. A league of one
+        records nothing."""
+        if self.store is None:
+            return StepChanges()
         matches = [self._league_match(step, t, versions) for t in trajectories]
         for match in matches:
             self._add_match(match)
@@ -189,6 +191,22 @@ class League:
             self.players[name] = dataclass_replace(self.players[name], active=False)
         self.store.record_step(step, matches, changes.snapshots, changes.retired, self.ratings.table())
         return changes
+
+    def metrics(self, changes: StepChanges) -> dict[str, float]:
+        """The figures TensorBoard shows after a step with `changes`: the population, the
+        snapshots taken and every player's rating (none for a league of one)."""
+        if self.store is None:
+            return {}
+        ratings = self.ratings.table()
+        metrics = {"league/snapshots": float(len(self.snapshots())), "league/taken": float(len(changes.snapshots))}
+        for player in [*self.learning_players(), *self.snapshots()]:
+            if player.name in ratings:
+                metrics[f"league/rating/{player.name}"] = ratings[player.name][0]
+        return metrics
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
 
     def add_initial_snapshot(self, weights: str) -> None:
         """The initial policy as the league's first past player."""

@@ -118,7 +118,7 @@ def schedule_matches(
     win_rate: Callable[[str, str], float] = lambda name, game: float("nan"),
     role_mixes: Mapping[str, Mapping[str, float]] = {},
 ) -> list[MatchSpec]:
-    """`starts` game starts for `learner`, each played `group_size` times: the game drawn by
+    """`starts` game starts that `learner` owns, each played `group_size` times: the game drawn by
     weight, the learner's seat alternating, and every other seat filled by a draw of the mix
     for that seat's role (`role_mixes`, else the learner's `mix`). `win_rate(name, game)` feeds
     PFSP."""
@@ -137,5 +137,5 @@ def schedule_matches(
             rule = draw_rule(rng, role_mixes.get(role, mix))
             players.append(choose_opponent(rng, rule, learner, main, past_players, game_win_rate))
         seed = int(rng.integers(2**31))
-        matches += [MatchSpec(game, tuple(players), seed)] * group_size
+        matches += [MatchSpec(game, tuple(players), seed, owner=learner)] * group_size
     return matches

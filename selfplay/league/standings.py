@@ -222,13 +222,15 @@ def league_meta_strategy(run_dir: str | Path, game: str, rollout: RolloutConfig)
     from selfplay.evaluation.evaluate import find_candidates
     from selfplay.evaluation.exploitability import move_probabilities
     from selfplay.evaluation.meta_strategy import meta_strategy
+    from selfplay.rollouts import RolloutSettings
 
     with open_league(run_dir) as store:
         snapshots = [str(Path(run_dir) / p.weights) for p in store.players() if p.kind == "snapshot" and p.active]
+    asked = RolloutSettings.from_config(rollout)
     policies = {}
     for candidate in find_candidates([*snapshots, str(latest_checkpoint(run_dir))]):
         model, tokenizer = candidate.network()
-        policies[candidate.name] = move_probabilities(model, tokenizer, game, **rollout.probe_settings())
+        policies[candidate.name] = move_probabilities(model, tokenizer, game, asked)
     meta = meta_strategy(game, policies)
     body = [(name, f"{w:.3f}", f"{e:.4f}") for name, w, e in zip(meta.names, meta.weights, meta.exploitabilities)]
     body.append(("Nash mixture", "", f"{meta.exploitability:.4f}"))
