@@ -86,14 +86,11 @@ def jail(banned_modules: frozenset[str]) -> Jail:
     if shutil.which("bwrap") is None:
         raise UserError(f"bubblewrap (`bwrap`) is not installed. {INSTALL_HINT}")
     run_as = NOBODY if os.geteuid() == 0 else None
-    root = _build_root(banned_modules)
-    library_dirs = sorted(
-        {str(p.parent.relative_to(root)) for p in root.rglob("*.so*") if p.parent.name != "lib-dynload"}
-    )
+    root, libraries = _build_root(banned_modules)
     built = Jail(
         root=root,
         python=_real_executable(),
-        library_path=":".join("/" + d for d in library_dirs),
+        library_path=":".join(sorted({str(library.parent) for library in libraries})),
         seccomp=_seccomp_program(),
         run_as=run_as,
     )
@@ -120,9 +117,10 @@ def _real_executable() -> str:
     return os.path.realpath(sys._base_executable if hasattr(sys, "_base_executable") else sys.executable)
 
 
-def _build_root(banned_modules: frozenset[str]) -> Path:
+def _build_root(banned_modules: frozenset[str]) -> tuple[Path, set[Path]]:
     """The jail's / : the interpreter, the shared libraries it and its extension modules load,
-    and the allowed standard library, each at its own absolute path."""
+    and the allowed standard library, each at its own absolute path. Returns it and those
+    libraries' paths."""
     staging = Path(tempfile.mkdtemp(prefix="selfplay-jail-"))
     atexit.register(shutil.rmtree, staging, True)
     root = staging / "root"
@@ -144,14 +142,15 @@ def _build_root(banned_modules: frozenset[str]) -> Path:
             _place(root, path)
     python = Path(_real_executable())
     _place(root, python)
-    for library in _shared_libraries([python, *extensions]):
+    libraries = _shared_libraries([python, *extensions])
+    for library in libraries:
         _place(root, library)
     (root / "dev").mkdir(exist_ok=True)
     (root / "dev" / "null").touch()
     (root / WORKDIR.lstrip("/")).mkdir()
     for directory in [staging, *(p for p in root.rglob("*") if p.is_dir()), root]:
         directory.chmod(0o755)
-    return root
+    return root, libraries
 
 
 def _place(root: Path, source: Path) -> None:
