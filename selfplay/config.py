@@ -203,6 +203,31 @@ class LeagueConfig:
 
 
 @dataclass(frozen=True)
+class DistributedConfig:
+    """Rollouts in Ray actors, on this machine or a cluster (see `selfplay/distributed/`). With
+    no rollout workers the run plays its games in this process and never imports Ray."""
+
+    rollout_workers: int = 0  # Ray actors that play each step's games; 0 plays them here
+    address: str | None = None  # a Ray cluster to join ("auto", "HOST:PORT"); null: RAY_ADDRESS, else a local one
+    worker_cpus: Positive = 1.0  # CPUs each rollout worker asks Ray for (its torch threads)
+    worker_gpus: NonNegative = 0.0  # GPUs each rollout worker asks Ray for
+    # Policy versions a sample may lag the learner: 0 is on-policy; k >= 1 lets workers play the
+    # next k steps while the learner updates, corrected by truncated importance sampling.
+    max_staleness: int = 0
+    # How new weights reach the workers: safetensors bytes through Ray's object store, or a
+    # broadcast from the trainer over a gloo (CPU) or NCCL (GPU) process group.
+    weight_sync: Literal["object_store", "collective"] = "object_store"
+    max_worker_failures: AtLeastOne = 3  # times one step's games are replayed on a new worker before the run stops
+
+    def __post_init__(self):
+        if not self.rollout_workers and (self.max_staleness or self.address or self.weight_sync != "object_store"):
+            raise UserError(
+                "distributed.max_staleness, distributed.address and distributed.weight_sync apply to Ray rollout "
+                "workers: set distributed.rollout_workers to 1 or more."
+            )
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     run_dir: str = "runs/quickstart"
     seed: Annotated[int, Bounds(0, MAX_SEED)] = 0
@@ -226,6 +251,7 @@ class TrainConfig:
     learner: LearnerConfig = LearnerConfig()
     eval: EvalConfig = EvalConfig()
     league: LeagueConfig = LeagueConfig()
+    distributed: DistributedConfig = DistributedConfig()
 
     def __post_init__(self):
         if self.rollout.games_per_step % self.advantages.group_size:

@@ -53,6 +53,7 @@ class Sample:
     sampler_logprobs: tuple[float, ...]
     advantage: float
     choices: Choices = ()  # the legal answers' ids when legal decoding sampled it (`selfplay.legal_decoding`)
+    lag: int = 0  # policy versions between the sampler and the learner (asynchronous rollouts)
 
 
 class Learner:
@@ -120,7 +121,11 @@ class Learner:
             order = torch.randperm(len(samples)).tolist()
             for part in range(min(config.minibatches, len(samples))):
                 steps.append(self._minibatch_step(samples, order[part :: config.minibatches], old, reference))
-        stats = {name: sum(step[name] for step in steps) / len(steps) for name in steps[0]}
+        names = dict.fromkeys(name for step in steps for name in step)  # a lag may be missing from a minibatch
+        stats = {}
+        for name in names:
+            values = [step[name] for step in steps if name in step]
+            stats[name] = sum(values) / len(values)
         stats["ratio_max"] = max(step["ratio_max"] for step in steps)
         stats["tokens"] = sum(len(s.response_ids) for s in samples)
         stats["lr"] = self.optimizer.param_groups[0]["lr"]
@@ -150,6 +155,8 @@ class Learner:
         sums = dict.fromkeys(("loss", "clip_fraction", "kl", "entropy", "ratio", "ratio_clipped"), 0.0)
         ratio_max = 0.0
         tokens = 0
+        lag_sums: dict[int, float] = {}  # the ratio to the sampler summed over the tokens of each lag
+        lag_tokens: dict[int, int] = {}
         self.optimizer.zero_grad(set_to_none=True)
         for chunk in _micro_batches(list(copies), samples, config.micro_batch_tokens):
             batch = [samples[i] for i in chunk]
@@ -200,6 +207,11 @@ class Learner:
             loss.backward()
             sums["loss"] += loss.item()
             sums["ratio"] += ratio_to_sampler.sum().item()
+            lags = torch.tensor([samples[i].lag for i in members], device=logp.device).repeat_interleave(lengths)
+            for lag in lags.unique().tolist():
+                at_lag = ratio_to_sampler[lags == lag]
+                lag_sums[lag] = lag_sums.get(lag, 0.0) + at_lag.sum().item()
+                lag_tokens[lag] = lag_tokens.get(lag, 0) + len(at_lag)
             ratio_max = max(ratio_max, ratio_to_sampler.max().item())
             if config.importance_clip is not None:
                 sums["ratio_clipped"] += (ratio_to_sampler > config.importance_clip).sum().item()
@@ -223,6 +235,8 @@ class Learner:
         loss = sums.pop("loss")
         stats = {name: value / tokens for name, value in sums.items()}
         stats.update(loss=loss, ratio_max=ratio_max, grad_norm=float(grad_norm))
+        if set(lag_tokens) != {0}:  # samples from older policy versions: the ratio by how old
+            stats.update({f"ratio_lag{lag}": lag_sums[lag] / lag_tokens[lag] for lag in lag_tokens})
         return stats
 
     def _logprobs(self, samples: Sequence[Sample], grad: bool, model=None) -> list[torch.Tensor]:
@@ -309,10 +323,14 @@ class Learner:
             state.pop("lm_head.weight", None)
         return state
 
+    def backend_weights(self, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+        """The policy's weights as a backend loads them, cast to the backend's `dtype` (a bf16
+        backend then reads half the bytes, and casts nothing)."""
+        return {name: tensor.to(dtype) for name, tensor in self.policy_state_dict().items()}
+
     def export_weights(self, path: Path, dtype: torch.dtype = torch.float32) -> Path:
-        """Write the policy's weights for `PolicyBackend.load_weights`, cast to the backend's
-        `dtype` (a bf16 backend then reads half the bytes, and casts nothing)."""
-        return save_weights({name: tensor.to(dtype) for name, tensor in self.policy_state_dict().items()}, path)
+        """Write the policy's weights for `PolicyBackend.load_weights` (see `backend_weights`)."""
+        return save_weights(self.backend_weights(dtype), path)
 
     def save_pretrained(self, directory: Path) -> None:
         """A Hugging Face model directory (safetensors) of the policy, LoRA merged in; with LoRA

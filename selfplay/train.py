@@ -216,8 +216,14 @@ class Trainer:
         self.model_path = resolve_model(config.model)
         self.games = {spec: make_game(spec) for spec in config.games}  # asked for their own figures each step
         self.shared_base = None  # the initial model under the exploiters' adapters, once needed
+        self.rollout_settings = RolloutSettings.from_config(config.rollout)
+        self.players: dict[str, LearningPlayer] = {}
+        self.workers, self.started_ray = None, False  # Ray rollout workers, with `distributed.rollout_workers`
+        if config.distributed.rollout_workers:
+            self._start_workers()
+        self.submitted = self.step  # the last step whose games were handed to the workers
         main = self._learning_player(MAIN, config.learner, checkpoint)
-        self.players: dict[str, LearningPlayer] = {MAIN: main}
+        self.players[MAIN] = main
         if checkpoint is None:  # once the model has loaded: a run that cannot start leaves no directory
             start_run_dir(self.run_dir, config)
         warn_if_bf16_emulated(
@@ -234,7 +240,6 @@ class Trainer:
 
         # purge_step drops anything a killed run logged after its last checkpoint.
         self.writer = SummaryWriter(str(RunDir(self.run_dir).tensorboard), purge_step=self.step + 1)
-        self.rollout_settings = RolloutSettings.from_config(config.rollout)
 
     @property
     def learner(self) -> Learner:
@@ -265,7 +270,8 @@ class Trainer:
             resume_from=checkpoint,
             shared_base=shared_base,
         )
-        if shared_base is not None and config.backend == "hf":
+        # The rollout workers generate for a distributed run: the trainer's backend only evaluates.
+        if (shared_base is not None and config.backend == "hf") or self.workers is not None:
             backend = make_backend("hf", str(self.model_path), device=learner.device, model=learner.model)
         else:
             backend = make_backend(config.backend, str(self.model_path), config.backend_precision)
@@ -282,8 +288,31 @@ class Trainer:
             self.shared_base = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32).to(device)
         return self.shared_base
 
+    def _start_workers(self) -> None:
+        from selfplay.distributed.cluster import connect
+        from selfplay.distributed.worker_pool import RolloutWorkers
+
+        config = self.config
+        self.started_ray = connect(config.distributed)
+        self.workers = RolloutWorkers(
+            config.distributed,
+            str(self.model_path),
+            config.backend,
+            config.backend_precision,
+            self.rollout_settings,
+            learner_device=pick_device(config.device),
+            current_weights=self._backend_weights,
+            device=config.device,
+        )
+
+    def _backend_weights(self, name: str) -> dict[str, torch.Tensor]:
+        return self.players[name].learner.backend_weights(PRECISIONS[self.config.backend_precision])
+
     def _sync(self, player: LearningPlayer) -> None:
-        """The learner's current weights to its backend, as this step's version."""
+        """The learner's current weights to its backend (and the rollout workers), as this
+        step's version."""
+        if self.workers is not None:
+            self.workers.publish(player.name, self._backend_weights(player.name), self.step)
         if player.backend.shares_model:
             player.backend.version = self.step
         else:
@@ -341,17 +370,19 @@ class Trainer:
         whatever the training backend: a vLLM engine per snapshot would each reserve its own
         share of the GPU."""
         if name not in self.frozen:
-            player = self.league.players[name]
-            weights = self.run_dir / player.weights
-            if not weights.exists():
-                raise UserError(
-                    f"The weights of league player '{name}' are missing ({weights}). The run directory is "
-                    "incomplete: restore the file, or start a new run."
-                )
             backend = make_backend("hf", str(self.model_path), self.config.backend_precision, device=self.config.device)
-            backend.load_weights(weights, version=player.created_step)
+            backend.load_weights(self._snapshot_weights(name), version=self.league.players[name].created_step)
             self.frozen[name] = backend
         return self.frozen[name]
+
+    def _snapshot_weights(self, name: str) -> Path:
+        weights = self.run_dir / self.league.players[name].weights
+        if not weights.exists():
+            raise UserError(
+                f"The weights of league player '{name}' are missing ({weights}). The run directory is "
+                "incomplete: restore the file, or start a new run."
+            )
+        return weights
 
     def _seat_players(self, matches: Sequence[MatchSpec]) -> dict:
         """Engine players for every label seated in `matches`: learning players' and snapshots'
@@ -403,7 +434,16 @@ class Trainer:
             for backend in [*(p.backend for p in self.players.values()), *self.frozen.values()]:
                 backend.close()
             self.league.close()
+            self._stop_workers()
         return metrics
+
+    def _stop_workers(self) -> None:
+        if self.workers is not None:
+            self.workers.close()
+        if self.started_ray:
+            import ray
+
+            ray.shutdown()
 
     def _restart_hint(self, name: str) -> str:
         """How to go on after `name`'s update diverged: from the last checkpoint, at a lower rate."""
@@ -420,18 +460,21 @@ class Trainer:
     def train_step(self) -> dict[str, float]:
         config = self.config
         started = time.perf_counter()
-        sampling = dataclasses.replace(
-            self.rollout_settings.sampling,
-            seed=int(np.random.SeedSequence([config.seed, self.step]).generate_state(1)[0]),
-        )
-        matches = self.league.schedule(self.step)
-        seated = self._seat_players(matches)
-        versions = {label: player.version for label, player in seated.items() if isinstance(player, PolicyBackend)}
-        engine = RolloutEngine(seated, dataclasses.replace(self.rollout_settings, sampling=sampling))
-        trajectories = list(engine.run(matches))
+        metrics: dict[str, float] = {}
+        if self.workers is None:
+            matches = self.league.schedule(self.step)
+            seated = self._seat_players(matches)
+            versions = {label: player.version for label, player in seated.items() if isinstance(player, PolicyBackend)}
+            engine = RolloutEngine(seated, dataclasses.replace(self.rollout_settings, sampling=self._sampling()))
+            trajectories = list(engine.run(matches))
+            game_metrics = {spec: game.training_metrics() for spec, game in self.games.items()}
+        else:
+            self._submit_ahead()
+            played = self.workers.collect(self.step)
+            trajectories, versions, game_metrics = played.trajectories, played.versions, played.game_metrics
+            metrics.update(self._distributed_metrics(played))
         generated = time.perf_counter()
 
-        metrics: dict[str, float] = {}
         sync_s = 0.0
         for name, player in self.players.items():
             owned = [t for t in trajectories if t.result.owner == name]
@@ -446,7 +489,14 @@ class Trainer:
                 state_prior=config.advantages.state_prior,
             )
             samples = [
-                Sample(turn.prompt_ids, turn.response_ids, turn.logprobs, advantage, turn.choices)
+                Sample(
+                    turn.prompt_ids,
+                    turn.response_ids,
+                    turn.logprobs,
+                    advantage,
+                    turn.choices,
+                    lag=player.backend.version - turn.policy_version,
+                )
                 for trajectory, values in zip(learned, advantages)
                 for turn, advantage in zip(trajectory.turns, values)
             ]
@@ -465,10 +515,12 @@ class Trainer:
             prefix = "" if name == MAIN else f"{name}/"
             metrics.update({f"{prefix}{k}": v for k, v in stats.items()})
         updated = time.perf_counter()
+        if self.workers is not None:
+            metrics["distributed/sync_mb"] = self.workers.take_published_bytes() / 2**20
 
         metrics.update(self._league_step(trajectories, versions))
-        for spec, game in self.games.items():
-            metrics.update({f"game/{spec}/{k}": v for k, v in game.training_metrics().items()})
+        for spec, figures in game_metrics.items():
+            metrics.update({f"game/{spec}/{k}": v for k, v in figures.items()})
         tokens = sum(len(t.response_ids) for r in trajectories for t in r.turns)
         metrics["time/generate_s"] = generated - started
         metrics["time/learn_s"] = updated - generated - sync_s
@@ -476,6 +528,38 @@ class Trainer:
         metrics["time/league_s"] = time.perf_counter() - updated
         metrics["time/tokens_per_s"] = tokens / max(generated - started, 1e-9)
         return metrics
+
+    def _sampling(self, step: int | None = None):
+        """How the games of `step` (this one by default) sample: the rollout settings, seeded by step."""
+        seed = np.random.SeedSequence([self.config.seed, self.step if step is None else step]).generate_state(1)[0]
+        return dataclasses.replace(self.rollout_settings.sampling, seed=int(seed))
+
+    def _submit_ahead(self) -> None:
+        """Hand the workers every step's games up to `max_staleness` steps ahead of this one,
+        each played with the newest weights at the time: none is then more than that many
+        versions behind the learner that trains on it."""
+        last = min(self.step + self.config.distributed.max_staleness, self.config.steps)
+        while self.submitted < last:
+            self.submitted += 1
+            matches = self.league.schedule(self.submitted)
+            snapshots = {p.name for p in self.league.snapshots()}
+            for label in {label for match in matches for label in match.players} & snapshots:
+                self.workers.add_snapshot(label, self._snapshot_weights(label), self.league.players[label].created_step)
+            self.workers.submit(self.submitted, matches, self._sampling(self.submitted), list(self.players))
+
+    def _distributed_metrics(self, played) -> dict[str, float]:
+        lags = [
+            self.players[turn.agent].backend.version - turn.policy_version
+            for trajectory in played.trajectories
+            for turn in trajectory.turns
+            if turn.agent in self.players
+        ]
+        return {
+            "distributed/version_lag_mean": float(np.mean(lags)) if lags else 0.0,
+            "distributed/version_lag_max": float(max(lags, default=0)),
+            "distributed/worker_load_s": played.sync_s,
+            "distributed/restarts": float(played.restarts),
+        }
 
     def _league_step(self, trajectories: Sequence[Trajectory], versions: dict[str, int]) -> dict[str, float]:
         """Record the step in the league; restart exploiters that were frozen, unload retired
@@ -485,6 +569,8 @@ class Trainer:
             self.players[name].backend.close()
             self.players[name] = self._learning_player(name, self._exploiter_config(), None, exploiter=True)
             self._sync(self.players[name])
+        if self.workers is not None:
+            self.workers.retire(changes.retired)
         for name in changes.retired:
             backend = self.frozen.pop(name, None)
             if backend is not None:

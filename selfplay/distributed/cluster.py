@@ -1,0 +1,62 @@
+"""Joining Ray: a local instance, or a cluster by address, checked against what the run asks for."""
+
+from __future__ import annotations
+
+import os
+
+from selfplay.config import DistributedConfig
+from selfplay.errors import UserError
+
+
+def connect(config: DistributedConfig) -> bool:
+    """Join the Ray cluster the config names (`address`, else `RAY_ADDRESS`), or start a local
+    one sized for the workers; then check that the cluster can place them. Returns whether this
+    call started Ray (and so should shut it down)."""
+    try:
+        import ray
+    except ImportError:
+        raise UserError(
+            "distributed.rollout_workers needs Ray, which is not installed: pip install 'selfplay[distributed]'."
+        ) from None
+    started = not ray.is_initialized()
+    if started:
+        address = config.address or os.environ.get("RAY_ADDRESS")
+        try:
+            if address:
+                ray.init(address=address, log_to_driver=False)
+            else:
+                # A local instance: as many CPUs as the machine has, or as the workers ask for.
+                cpus = max(os.cpu_count() or 1, config.rollout_workers * config.worker_cpus)
+                ray.init(num_cpus=int(cpus + 0.999), include_dashboard=False, log_to_driver=False)
+        except ConnectionError as err:
+            raise UserError(
+                f"Cannot reach the Ray cluster at '{address}': {err}. Start it with `ray start --head` (and "
+                "`ray start --address HEAD:6379` on each other node), or unset distributed.address and RAY_ADDRESS "
+                "for a local one."
+            ) from None
+    try:
+        check_resources(config, ray.nodes())
+    except UserError:
+        if started:
+            ray.shutdown()
+        raise
+    return started
+
+
+def check_resources(config: DistributedConfig, nodes: list[dict]) -> None:
+    """Refuse, naming the resource, a run whose workers the cluster's live `nodes` cannot hold:
+    Ray would otherwise wait for them for ever."""
+    alive = [node["Resources"] for node in nodes if node.get("Alive")]
+    asks = {"CPU": config.worker_cpus, "GPU": config.worker_gpus}
+    for resource, each in asks.items():
+        if not each:
+            continue
+        per_node = [node.get(resource, 0.0) for node in alive]
+        fits = sum(int(have / each + 1e-9) for have in per_node)
+        if fits < config.rollout_workers:
+            key = f"distributed.worker_{resource.lower()}s"
+            raise UserError(
+                f"The Ray cluster cannot place {config.rollout_workers} rollout workers asking {each:g} {resource} "
+                f"each ({key}): its {len(alive)} nodes have {', '.join(f'{have:g}' for have in per_node) or 'no'} "
+                f"{resource} and hold {fits}. Lower distributed.rollout_workers or {key}, or add nodes."
+            )
