@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import socket
 
 from selfplay.config import DistributedConfig
 from selfplay.errors import UserError
+
+PROBE_SECONDS = 5
 
 
 def connect(config: DistributedConfig) -> bool:
@@ -23,14 +26,16 @@ def connect(config: DistributedConfig) -> bool:
         address = config.address or os.environ.get("RAY_ADDRESS")
         try:
             if address:
+                _probe(address)
                 ray.init(address=address, log_to_driver=False)
             else:
                 # A local instance: as many CPUs as the machine has, or as the workers ask for.
                 cpus = max(os.cpu_count() or 1, config.rollout_workers * config.worker_cpus)
                 ray.init(num_cpus=int(cpus + 0.999), include_dashboard=False, log_to_driver=False)
         except ConnectionError as err:
+            reason = str(err).rstrip(".")
             raise UserError(
-                f"Cannot reach the Ray cluster at '{address}': {err}. Start it with `ray start --head` (and "
+                f"Cannot reach the Ray cluster at '{address}': {reason}. Start it with `ray start --head` (and "
                 "`ray start --address HEAD:6379` on each other node), or unset distributed.address and RAY_ADDRESS "
                 "for a local one."
             ) from None
@@ -41,6 +46,17 @@ def connect(config: DistributedConfig) -> bool:
             ray.shutdown()
         raise
     return started
+
+
+def _probe(address: str) -> None:
+    """Fail fast on a HOST:PORT that answers nothing: Ray itself retries for minutes."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or "://" in address:
+        return  # "auto" and client addresses: Ray finds or refuses them quickly
+    try:
+        socket.create_connection((host, int(port)), timeout=PROBE_SECONDS).close()
+    except OSError as err:
+        raise ConnectionError(f"nothing answers at {host}:{port} ({err.strerror or err})") from None
 
 
 def check_resources(config: DistributedConfig, nodes: list[dict]) -> None:

@@ -10,6 +10,7 @@ one policy version.
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from dataclasses import replace
@@ -49,9 +50,9 @@ class RolloutWorker:
         self.files = Path(tempfile.mkdtemp(prefix="selfplay-worker-"))
         self.receiver = WeightReceiver(self.files)
 
-    def node(self) -> str:
-        """The Ray node this worker runs on; answering it also says the worker has started."""
-        return ray.get_runtime_context().get_node_id()
+    def where(self) -> tuple[str, int]:
+        """The Ray node and the process this worker runs in; answering also says it has started."""
+        return ray.get_runtime_context().get_node_id(), os.getpid()
 
     # -- weights in ----------------------------------------------------------------------------
 

@@ -56,8 +56,8 @@ class ObjectStoreSync:
 class CollectiveSync:
     """The trainer's end (rank 0) of a broadcast group with the workers (ranks 1..N)."""
 
-    def __init__(self, device: torch.device):
-        self.device = device
+    def __init__(self, device: torch.device | str):
+        self.device = torch.device(device)
         self.address = ray.util.get_node_ip_address()
         self.store = dist.TCPStore(self.address, 0, None, is_master=True, wait_for_workers=False, timeout=GROUP_TIMEOUT)
         self.groups = 0

@@ -35,9 +35,13 @@ from selfplay.distributed.weight_sync import CollectiveSync, ObjectStoreSync
 from selfplay.records import Trajectory
 from selfplay.rollouts import MatchSpec, RolloutSettings
 
+# Loading a model and its backend; vLLM's start-up on CPU takes about half a minute.
+WORKER_START_SECONDS = 300
+
 
 class WorkerKeepsFailing(RuntimeError):
-    """One share of a step's games failed on `max_worker_failures` workers in a row."""
+    """Rollout workers that cannot start, or one share of a step's games that failed on
+    `max_worker_failures` workers in a row."""
 
 
 @dataclass
@@ -86,8 +90,10 @@ class RolloutWorkers:
         )
         self.worker_args = (model_path, backend, precision, settings)
         self.worker_options = {"device": device, "threads": max(1, int(config.worker_cpus))}
-        self.workers = [self._start_worker() for _ in range(config.rollout_workers)]
-        ray.get([worker.node.remote() for worker in self.workers])
+        self.workers = [
+            self.actor.remote(*self.worker_args, **self.worker_options) for _ in range(config.rollout_workers)
+        ]
+        self.places = self._wait_started(self.workers)  # each worker's (node, process id)
         self.collective = CollectiveSync(learner_device) if config.weight_sync == "collective" else None
         if self.collective is not None:
             self.collective.connect(self.workers)
@@ -102,8 +108,15 @@ class RolloutWorkers:
         self.published_bytes = 0
         self.restarts = 0
 
-    def _start_worker(self):
-        return self.actor.remote(*self.worker_args, **self.worker_options)
+    def _wait_started(self, workers: list) -> list[tuple[str, int]]:
+        try:
+            return ray.get([worker.where.remote() for worker in workers], timeout=WORKER_START_SECONDS)
+        except ray.exceptions.GetTimeoutError:
+            raise WorkerKeepsFailing(
+                f"Rollout workers did not start within {WORKER_START_SECONDS} s: the Ray cluster has no room for "
+                f"them (each asks {self.config.worker_cpus:g} CPU and {self.config.worker_gpus:g} GPU; `ray status` "
+                "shows what is free)."
+            ) from None
 
     # -- weights -------------------------------------------------------------------------------
 
@@ -214,7 +227,8 @@ class RolloutWorkers:
         and the shares are played again with them (the same versions when max_staleness is 0)."""
         ray.kill(self.workers[index], no_restart=True)
         self.restarts += 1
-        self.workers[index] = self._start_worker()
+        self.workers[index] = self.actor.remote(*self.worker_args, **self.worker_options)
+        (self.places[index],) = self._wait_started([self.workers[index]])
         self.loaded[index], self.loads[index], self.retired[index] = {}, [], []
         shares = [self.pending[step][index] for step in sorted(self.pending)]
         if self.collective is not None:

@@ -1,0 +1,182 @@
+"""Rollouts in Ray actors: the same records as a run without Ray, weights by object store and by
+broadcast, bounded staleness, and workers that die mid-step (killed, or their node removed).
+
+Every run here is a league (snapshots, a main and a league exploiter, a scripted agent), so
+that learning players, snapshots and scripted seats all reach the workers.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from selfplay.config import DistributedConfig, load_config  # noqa: E402
+from selfplay.distributed.cluster import check_resources, connect  # noqa: E402
+from selfplay.distributed.worker_pool import WorkerKeepsFailing  # noqa: E402
+from selfplay.errors import UserError  # noqa: E402
+from selfplay.league.store import LeagueStore  # noqa: E402
+from selfplay.run_dir import RunDir  # noqa: E402
+from selfplay.train import Trainer  # noqa: E402
+from tests.test_league import LEAGUE  # noqa: E402
+
+GAMES_PER_STEP = 6
+LEARNING_PLAYERS = 3  # the main player, a main exploiter and a league exploiter
+
+
+@pytest.fixture
+def local_ray():
+    """One local Ray instance for the whole session, started by the first test that needs it."""
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+
+
+def train(tiny_model_dir, run_dir, overrides=(), after_submit=None) -> tuple[list[bytes], dict]:
+    """Train a small league; returns each step's records (pickled, in a fixed order) and the
+    last step's metrics. `after_submit(trainer, step)` runs once a step's games are handed out."""
+    config = load_config(None, [*LEAGUE, f"model={tiny_model_dir}", f"run_dir={run_dir}", *overrides])
+    trainer = Trainer(config, progress=False)
+    steps = []
+    record = trainer._league_step
+
+    def recorded(trajectories, versions):
+        ordered = sorted(trajectories, key=lambda t: (t.result.owner, t.result.seed, t.result.game, t.result.players))
+        steps.append(pickle.dumps(ordered))
+        return record(trajectories, versions)
+
+    trainer._league_step = recorded
+    if after_submit is not None:
+        submit = trainer.workers.submit
+
+        def submitted(step, *args):
+            submit(step, *args)
+            after_submit(trainer, step)
+
+        trainer.workers.submit = submitted
+    return steps, trainer.run()
+
+
+def assert_store_holds_every_game_once(run_dir, steps=3):
+    with LeagueStore(RunDir(run_dir).league_store, read_only=True) as store:
+        matches = store.matches()
+    keys = [(m.step, m.game, m.seed, m.players) for m in matches]
+    assert len(keys) == len(set(keys))
+    assert sorted({m.step for m in matches}) == list(range(1, steps + 1))
+    for step in range(1, steps + 1):
+        assert sum(m.step == step for m in matches) == GAMES_PER_STEP * LEARNING_PLAYERS
+
+
+@pytest.fixture(scope="module")
+def two_workers(tiny_model_dir, tmp_path_factory):
+    """A clean run on two workers, the reference the runs with faults must reproduce."""
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    return train(tiny_model_dir, tmp_path_factory.mktemp("two"), ["distributed.rollout_workers=2"])[0]
+
+
+def test_ray_missing_unreachable_or_too_small_is_one_clear_error(monkeypatch):
+    if ray.is_initialized():
+        ray.shutdown()
+    one = DistributedConfig(rollout_workers=1, address="127.0.0.1:1")
+    with pytest.raises(UserError, match=r"Cannot reach the Ray cluster at '127.0.0.1:1'.*ray start --head"):
+        connect(one)
+    with monkeypatch.context() as patch:
+        patch.setitem(sys.modules, "ray", None)
+        with pytest.raises(UserError, match=r"needs Ray.*pip install 'selfplay\[distributed\]'"):
+            connect(one)
+    nodes = [{"Alive": True, "Resources": {"CPU": 2.0}}, {"Alive": False, "Resources": {"CPU": 8.0, "GPU": 1.0}}]
+    with pytest.raises(UserError, match=r"place 3 rollout workers asking 1 CPU each \(distributed.worker_cpus\)"):
+        check_resources(DistributedConfig(rollout_workers=3), nodes)
+    with pytest.raises(UserError, match=r"asking 0.5 GPU.*distributed.worker_gpus.*have 0 GPU"):
+        check_resources(DistributedConfig(rollout_workers=1, worker_gpus=0.5), nodes)
+    check_resources(DistributedConfig(rollout_workers=4, worker_cpus=0.5), nodes)
+    with pytest.raises(UserError, match="distributed.rollout_workers to 1 or more"):
+        load_config(None, ["distributed.max_staleness=1"])
+
+
+def test_one_worker_gives_byte_identical_records_to_a_run_without_ray(tiny_model_dir, tmp_path, local_ray):
+    # Without exploiters: in one process a LoRA exploiter samples through its adapters, a
+    # worker through the merged weights, and their log-probs differ in the last bit.
+    snapshots_and_scripted = ["league.main_exploiters=0", "league.league_exploiters=0"]
+    without, metrics = train(tiny_model_dir, tmp_path / "local", snapshots_and_scripted)
+    with_ray, ray_metrics = train(
+        tiny_model_dir, tmp_path / "ray", [*snapshots_and_scripted, "distributed.rollout_workers=1"]
+    )
+    assert len(without) == 3
+    assert with_ray == without
+    assert "distributed/version_lag_max" not in metrics
+    assert ray_metrics["distributed/version_lag_max"] == 0
+    assert ray_metrics["distributed/sync_mb"] > 0
+    assert ray_metrics["league/snapshots"] == metrics["league/snapshots"]
+
+
+def test_a_broadcast_over_gloo_sends_the_weights_the_object_store_does(tiny_model_dir, tmp_path, two_workers):
+    collective, _ = train(
+        tiny_model_dir, tmp_path, ["distributed.rollout_workers=2", "distributed.weight_sync=collective"]
+    )
+    assert collective == two_workers
+
+
+def test_a_worker_killed_mid_step_is_replaced_and_its_games_played_again(tiny_model_dir, tmp_path, two_workers):
+    def kill_worker_during_step_two(trainer, step):
+        if step == 2:
+            os.kill(trainer.workers.places[0][1], signal.SIGKILL)
+
+    steps, metrics = train(tiny_model_dir, tmp_path, ["distributed.rollout_workers=2"], kill_worker_during_step_two)
+    assert steps == two_workers  # replayed with the weights the step was first played with
+    assert_store_holds_every_game_once(tmp_path)
+
+
+def test_a_worker_that_keeps_failing_stops_the_run_naming_the_setting(tiny_model_dir, tmp_path, local_ray):
+    def kill_every_worker(trainer, step):
+        os.kill(trainer.workers.places[0][1], signal.SIGKILL)
+
+    with pytest.raises(WorkerKeepsFailing, match=r"step 1 failed on 1 rollout workers.*max_worker_failures=1"):
+        train(
+            tiny_model_dir,
+            tmp_path,
+            ["distributed.rollout_workers=1", "distributed.max_worker_failures=1"],
+            kill_every_worker,
+        )
+
+
+def test_bounded_staleness_plays_ahead_within_one_version(tiny_model_dir, tmp_path, local_ray):
+    steps, metrics = train(tiny_model_dir, tmp_path, ["distributed.rollout_workers=2", "distributed.max_staleness=1"])
+    for step, records in enumerate(steps, start=1):
+        for trajectory in pickle.loads(records):
+            owner = trajectory.result.owner
+            versions = {turn.policy_version for turn in trajectory.turns if turn.agent == owner}
+            assert len(versions) <= 1  # each game is played by one version of its learner
+            # The learner is at version step-1 when it trains on step's games: at most one behind.
+            assert all(step - 2 <= version <= step - 1 for version in versions)
+    assert metrics["distributed/version_lag_max"] == 1
+    assert "learner/ratio_lag1" in metrics
+    assert_store_holds_every_game_once(tmp_path)
+
+
+def test_a_node_removed_mid_step_loses_no_game(tiny_model_dir, tmp_path, two_workers):
+    from ray.cluster_utils import Cluster
+
+    ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    nodes = [cluster.add_node(num_cpus=1) for _ in range(3)]  # room for two workers and one replacement
+    try:
+        ray.init(address=cluster.address, log_to_driver=False)
+
+        def remove_a_workers_node(trainer, step):
+            if step == 2:
+                node_id = trainer.workers.places[0][0]
+                cluster.remove_node(next(node for node in nodes if node.node_id == node_id))
+
+        steps, metrics = train(tiny_model_dir, tmp_path, ["distributed.rollout_workers=2"], remove_a_workers_node)
+        assert steps == two_workers
+        assert_store_holds_every_game_once(tmp_path)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
