@@ -558,6 +558,7 @@ class Trainer:
             "distributed/version_lag_mean": float(np.mean(lags)) if lags else 0.0,
             "distributed/version_lag_max": float(max(lags, default=0)),
             "distributed/worker_load_s": played.sync_s,
+            "distributed/play_s": played.play_s,
             "distributed/restarts": float(played.restarts),
         }
 

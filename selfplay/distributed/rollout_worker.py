@@ -95,10 +95,12 @@ class RolloutWorker:
         versions: dict[str, int],
         snapshots: dict[str, tuple[list, int]],
         retired: list[str],
-    ) -> tuple[list[Trajectory], dict[str, dict[str, float]]]:
+    ) -> tuple[list[Trajectory], dict[str, dict[str, float]], float]:
         """Play `matches` with the learning players at `versions` and the league `snapshots`
         (name -> ([weights reference], version)); unload the `retired` snapshots first.
-        Returns the trajectories in the order the games ended, and each game's own figures."""
+        Returns the trajectories in the order the games ended, each game's own figures, and
+        the seconds the games took."""
+        started = time.perf_counter()
         for name in retired:
             backend = self.snapshots.pop(name, None)
             if backend is not None:
@@ -117,7 +119,8 @@ class RolloutWorker:
         seated.update({name: self.snapshots[name] for name in snapshots})
         engine = RolloutEngine(seated, replace(self.settings, sampling=sampling))
         trajectories = list(engine.run(matches))
-        return trajectories, {spec: make_game(spec).training_metrics() for spec in {m.game for m in matches}}
+        figures = {spec: make_game(spec).training_metrics() for spec in {m.game for m in matches}}
+        return trajectories, figures, time.perf_counter() - started
 
     def close(self) -> None:
         for backend in [*self.policies.values(), *self.snapshots.values()]:

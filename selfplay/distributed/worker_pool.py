@@ -66,6 +66,7 @@ class StepRollouts:
     trajectories: list[Trajectory]
     versions: dict[str, int]  # each model player's policy version in these games
     game_metrics: dict[str, dict[str, float]]  # each game's own figures, averaged over workers
+    play_s: float = 0.0  # seconds the slowest worker took to play its share
     sync_s: float = 0.0  # seconds the workers spent loading weights for these games
     restarts: int = 0  # workers started again while these games were played
 
@@ -189,10 +190,11 @@ class RolloutWorkers:
         trajectories: list[Trajectory] = []
         metrics: dict[str, list[dict[str, float]]] = defaultdict(list)
         restarts_before = self.restarts
+        play_s = 0.0
         for share in shares:
             while True:
                 try:
-                    played, game_metrics = ray.get(share.result)
+                    played, game_metrics, seconds = ray.get(share.result)
                     break
                 except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as err:
                     share.failures += 1
@@ -204,6 +206,7 @@ class RolloutWorkers:
                         ) from err
                     self._replace(share.worker)
             trajectories += played
+            play_s = max(play_s, seconds)
             for spec, values in game_metrics.items():
                 metrics[spec].append(values)
         del self.pending[step]
@@ -216,6 +219,7 @@ class RolloutWorkers:
             trajectories,
             versions,
             {spec: _mean(values) for spec, values in metrics.items()},
+            play_s=play_s,
             sync_s=sync_s,
             restarts=self.restarts - restarts_before,
         )
