@@ -100,6 +100,7 @@ def test_ray_missing_unreachable_or_too_small_is_one_clear_error(monkeypatch):
         load_config(None, ["distributed.max_staleness=1"])
 
 
+@pytest.mark.slow
 def test_one_worker_gives_byte_identical_records_to_a_run_without_ray(tiny_model_dir, tmp_path, local_ray):
     # Without exploiters: in one process a LoRA exploiter samples through its adapters, a
     # worker through the merged weights, and their log-probs differ in the last bit.
@@ -116,6 +117,7 @@ def test_one_worker_gives_byte_identical_records_to_a_run_without_ray(tiny_model
     assert ray_metrics["league/snapshots"] == metrics["league/snapshots"]
 
 
+@pytest.mark.slow
 def test_a_broadcast_over_gloo_sends_the_weights_the_object_store_does(tiny_model_dir, tmp_path, two_workers):
     collective, _ = train(
         tiny_model_dir, tmp_path, ["distributed.rollout_workers=2", "distributed.weight_sync=collective"]
@@ -123,6 +125,7 @@ def test_a_broadcast_over_gloo_sends_the_weights_the_object_store_does(tiny_mode
     assert collective == two_workers
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_step_is_replaced_and_its_games_played_again(tiny_model_dir, tmp_path, two_workers):
     def kill_worker_during_step_two(trainer, step):
         if step == 2:
@@ -146,6 +149,7 @@ def test_a_worker_that_keeps_failing_stops_the_run_naming_the_setting(tiny_model
         )
 
 
+@pytest.mark.slow
 def test_bounded_staleness_plays_ahead_within_one_version(tiny_model_dir, tmp_path, local_ray):
     steps, metrics = train(tiny_model_dir, tmp_path, ["distributed.rollout_workers=2", "distributed.max_staleness=1"])
     for step, records in enumerate(steps, start=1):
@@ -160,6 +164,7 @@ def test_bounded_staleness_plays_ahead_within_one_version(tiny_model_dir, tmp_pa
     assert_store_holds_every_game_once(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_node_removed_mid_step_loses_no_game(tiny_model_dir, tmp_path, two_workers):
     from ray.cluster_utils import Cluster
 
@@ -180,3 +185,22 @@ def test_a_node_removed_mid_step_loses_no_game(tiny_model_dir, tmp_path, two_wor
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_vllm_worker_serves_each_new_version(tiny_model_dir, tmp_path):
+    pytest.importorskip("vllm")
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    overrides = [
+        "backend=vllm",
+        "distributed.rollout_workers=1",
+        "league.main_exploiters=0",
+        "league.league_exploiters=0",
+    ]
+    steps, metrics = train(tiny_model_dir, tmp_path, overrides)
+    for step, records in enumerate(steps, start=1):
+        main_turns = [turn for t in pickle.loads(records) for turn in t.turns if turn.agent == "main"]
+        assert main_turns and {turn.policy_version for turn in main_turns} == {step - 1}
+    assert metrics["distributed/worker_load_s"] > 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -74,6 +75,20 @@ def test_importance_ratio_is_truncated_and_logged(tiny_model_dir, prompt):
     unclipped = Learner(str(tiny_model_dir), LearnerConfig(lr=0.0, importance_clip=None), seed=0)
     stats = unclipped.update([sampled(unclipped, prompt, [5, 6, 7], 1.0, shift=-math.log(3))])
     assert stats["loss"] == pytest.approx(clipped_loss * 1.5, rel=1e-4)
+
+
+def test_the_importance_ratio_is_logged_by_how_many_versions_old_a_sample_is(tiny_model_dir, prompt):
+    learner = Learner(str(tiny_model_dir), LearnerConfig(lr=0.0, importance_clip=None), seed=0)
+    on_policy = sampled(learner, prompt, [5, 6, 7], 1.0)
+    # Sampled one version back with half the learner's probability per token, two back with double.
+    one_back = dataclasses.replace(sampled(learner, prompt, [5, 6], 1.0, shift=-math.log(2)), lag=1)
+    two_back = dataclasses.replace(sampled(learner, prompt, [8], 1.0, shift=math.log(2)), lag=2)
+    stats = learner.update([on_policy, one_back, two_back])
+    assert stats["ratio_lag0"] == pytest.approx(1.0, rel=1e-4)
+    assert stats["ratio_lag1"] == pytest.approx(2.0, rel=1e-4)
+    assert stats["ratio_lag2"] == pytest.approx(0.5, rel=1e-4)
+    assert stats["ratio"] == pytest.approx((3 * 1.0 + 2 * 2.0 + 0.5) / 6, rel=1e-4)
+    assert "ratio_lag0" not in learner.update([on_policy])  # on-policy only: nothing by lag
 
 
 def test_kl_penalty_grows_as_the_policy_leaves_the_reference(tiny_model_dir, prompt):
