@@ -29,12 +29,16 @@ GAMES_PER_STEP = 6
 LEARNING_PLAYERS = 3  # the main player, a main exploiter and a league exploiter
 
 
-@pytest.fixture
-def local_ray():
-    """One local Ray instance for the whole session, started by the first test that needs it."""
+def ensure_local_ray() -> None:
+    """One local Ray instance, started by the first test that needs it and kept for the next
+    (the fake-cluster test alone replaces it with its own)."""
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
+
+
+@pytest.fixture
+def local_ray():
+    ensure_local_ray()
 
 
 def train(tiny_model_dir, run_dir, overrides=(), after_submit=None) -> tuple[list[bytes], dict]:
@@ -75,8 +79,7 @@ def assert_store_holds_every_game_once(run_dir, steps=3):
 @pytest.fixture(scope="module")
 def two_workers(tiny_model_dir, tmp_path_factory):
     """A clean run on two workers, the reference the runs with faults must reproduce."""
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ensure_local_ray()
     return train(tiny_model_dir, tmp_path_factory.mktemp("two"), ["distributed.rollout_workers=2"])[0]
 
 
@@ -189,10 +192,8 @@ def test_a_node_removed_mid_step_loses_no_game(tiny_model_dir, tmp_path, two_wor
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_a_vllm_worker_serves_each_new_version(tiny_model_dir, tmp_path):
+def test_a_vllm_worker_serves_each_new_version(tiny_model_dir, tmp_path, local_ray):
     pytest.importorskip("vllm")
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     overrides = [
         "backend=vllm",
         "distributed.rollout_workers=1",

@@ -54,7 +54,7 @@ class _Share:
     matches: list[MatchSpec]
     sampling: SamplingSettings
     versions: dict[str, int]
-    snapshots: dict[str, int]
+    snapshots: dict[str, tuple[list, int]]  # name -> ([weights reference], version), kept for a replay
     result: object = None
     failures: int = 0
 
@@ -118,6 +118,8 @@ class RolloutWorkers:
                 f"them (each asks {self.config.worker_cpus:g} CPU and {self.config.worker_gpus:g} GPU; `ray status` "
                 "shows what is free)."
             ) from None
+        except ray.exceptions.RayActorError as err:
+            raise WorkerKeepsFailing(f"A rollout worker failed to start: {err}") from err
 
     # -- weights -------------------------------------------------------------------------------
 
@@ -168,7 +170,9 @@ class RolloutWorkers:
                 [matches[position] for position in part],
                 sampling,
                 versions={name: self.current.get(name, 0) for name in learning if name in seated},
-                snapshots={name: ref[1] for name, ref in self.snapshot_refs.items() if name in seated},
+                snapshots={
+                    name: ([ref], version) for name, (ref, version) in self.snapshot_refs.items() if name in seated
+                },
             )
             self._dispatch(share)
             shares.append(share)
@@ -178,10 +182,9 @@ class RolloutWorkers:
         index = share.worker
         for name, version in share.versions.items():
             self._send(index, name, version)
-        snapshots = {name: ([self.snapshot_refs[name][0]], version) for name, version in share.snapshots.items()}
         retired, self.retired[index] = self.retired[index], []
         worker = self.workers[index]
-        share.result = worker.play.remote(share.matches, share.sampling, share.versions, snapshots, retired)
+        share.result = worker.play.remote(share.matches, share.sampling, share.versions, share.snapshots, retired)
 
     def collect(self, step: int) -> StepRollouts:
         """The trajectories of `step` (submitted earlier), waiting for them; a share whose
@@ -214,7 +217,7 @@ class RolloutWorkers:
         self.loads = [[] for _ in self.workers]
         self._forget_old_weights()
         versions = {name: version for share in shares for name, version in share.versions.items()}
-        versions.update({name: version for share in shares for name, version in share.snapshots.items()})
+        versions.update({name: version for share in shares for name, (_, version) in share.snapshots.items()})
         return StepRollouts(
             trajectories,
             versions,
