@@ -62,9 +62,8 @@ def paired_comparison(matches: Sequence[dict], baseline: str) -> dict:
         if match["candidate"] == baseline:
             continue
         differences = paired_differences(match, base[match["game"], match["opponent"]])
-        kind = GameKind(**match["kind"])
-        head = {"candidate": match["candidate"], "step": match["step"], "game": match["game"]}
-        rows.append({**head, "opponent": match["opponent"], **difference_row(differences, kind)})
+        keys = {k: match[k] for k in ("candidate", "step", "game", "opponent")}
+        rows.append(keys | difference_row(differences, GameKind(**match["kind"])))
         pooled.setdefault((match["candidate"], match["game"]), []).extend(differences)
     steps = {m["candidate"]: m["step"] for m in matches}
     kinds = {m["game"]: GameKind(**m["kind"]) for m in matches}
