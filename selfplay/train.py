@@ -46,6 +46,7 @@ from selfplay.default_model import resolve_model
 from selfplay.errors import UserError
 from selfplay.evaluation.evaluate import plan_pairings, play_opponents
 from selfplay.evaluation.exploitability import SUPPORTED_GAMES, policy_exploitability
+from selfplay.evaluation.game_kinds import primary_figures
 from selfplay.games import make_game
 from selfplay.league.manager import League, initial_players, roles_of
 from selfplay.league.matchmaking import MAIN, SELF, is_fixed, rule_error
@@ -581,15 +582,17 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         """The current policy against the fixed opponents of `config.eval` (the same deals
         every time), and its exact exploitability in the small games; the figures of
-        `selfplay eval`, as `eval/...` metrics."""
+        `selfplay eval` that judge play in each game's kind (`primary_figures`: win rates, or
+        mean return), as `eval/...` metrics."""
         started = time.perf_counter()
         rows = play_opponents(
             self.backend, self.eval_pairings, self.config.eval.episodes, self.config.seed, self.rollout_settings
         )
         metrics = {}
         for row in rows:
-            for name in ("wins_rate", "draws_rate", "losses_rate", "invalid_move_rate", "mean_response_tokens"):
-                metrics[f"eval/{row['game']}/{row['opponent']}/{name}"] = row[name]
+            figures = {**primary_figures(row), **{k: row[k] for k in ("invalid_move_rate", "mean_response_tokens")}}
+            for name, value in figures.items():
+                metrics[f"eval/{row['game']}/{row['opponent']}/{name}"] = value
         for game in (g for g in self.eval_pairings if g in SUPPORTED_GAMES):
             with self.learner.scoring_model() as model:
                 metrics[f"eval/{game}/exploitability"] = policy_exploitability(
