@@ -4,9 +4,12 @@ Trains the same self-play run (the default model's shape, TicTacToe, legal decod
 last their natural length) under each setup and prints, per setup: start-up (Ray, workers,
 models), the first step (warm-up) and then the means of the steps after it: games/s and
 tokens/s of the rollouts and of whole steps, the split wait-for-rollouts / learn / sync, the
-weight-sync bytes and seconds, speedup and efficiency against the run without Ray, Ray's
-overhead (one worker against none), and with max_staleness 1 the share of generation that ran
-while the learner updated.
+weight-sync bytes and seconds, the speedup of rollouts (games/s) and of whole steps against the
+run without Ray and the rollouts' efficiency (speedup / workers), Ray's overhead (one worker
+against none), and with max_staleness 1 the share of generation that ran while the learner
+updated. Only one worker plays the very games of the run without Ray: with more, the step's
+games are split otherwise and sample other responses (`tokens` a step), so the learner's share
+of a step differs with the games, not with Ray.
 
 Setups: no Ray; local Ray with 1, 2 and 4 workers; 2 workers on a fake 2-node cluster
 (`ray.cluster_utils.Cluster`); 2 workers with max_staleness 1. Each worker asks for the
@@ -105,6 +108,7 @@ def summary(result: dict, games: int) -> dict[str, float]:
         "rollout_tokens_s": tokens / play,
         "step_games_s": games / mean("step_s"),
         "step_tokens_s": tokens / mean("step_s"),
+        "tokens": tokens,
         "hidden": 1 - mean("time/generate_s") / play if "distributed/play_s" in rows[0] else 0.0,
     }
 
@@ -139,18 +143,19 @@ def main() -> None:
     print(f"\n{CORES} cores; {args.games_per_step} games a step, {args.steps - 1} steps measured after a warm-up step")
     header = (
         f"{'setup':28} {'start s':>7} {'warm s':>6} {'step s':>6} {'wait':>5} {'learn':>5} {'sync':>5} "
-        f"{'MB':>5} {'roll g/s':>8} {'roll tok/s':>10} {'step g/s':>8} {'speedup':>7} {'effic.':>6} {'hidden':>6}"
+        f"{'MB':>5} {'tokens':>6} {'roll g/s':>8} {'roll tok/s':>10} {'step g/s':>8} {'roll x':>6} {'effic.':>6} "
+        f"{'step x':>6} {'hidden':>6}"
     )
     print(header)
     for name, workers, _, _ in SETUPS:
         row = results[name]
-        speedup = base["step_s"] / row["step_s"]
+        speedup = row["rollout_games_s"] / base["rollout_games_s"]
         hidden = f"{row['hidden']:6.2f}" if "staleness" in name else f"{'-':>6}"
         print(
             f"{name:28} {row['startup_s']:7.1f} {row['warmup_s']:6.1f} {row['step_s']:6.2f} {row['wait_s']:5.2f} "
-            f"{row['learn_s']:5.2f} {row['sync_s']:5.2f} {row['sync_mb']:5.1f} {row['rollout_games_s']:8.1f} "
-            f"{row['rollout_tokens_s']:10.0f} {row['step_games_s']:8.1f} {speedup:7.2f} "
-            f"{speedup / max(workers, 1):6.2f} {hidden}"
+            f"{row['learn_s']:5.2f} {row['sync_s']:5.2f} {row['sync_mb']:5.1f} {row['tokens']:6.0f} {row['rollout_games_s']:8.1f} "
+            f"{row['rollout_tokens_s']:10.0f} {row['step_games_s']:8.1f} {speedup:6.2f} "
+            f"{speedup / max(workers, 1):6.2f} {base['step_s'] / row['step_s']:6.2f} {hidden}"
         )
     one = results["Ray, 1 worker"]
     # One worker plays the very games the trainer would (the same records), and the learner's
