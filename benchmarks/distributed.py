@@ -153,8 +153,8 @@ def main() -> None:
         hidden = f"{row['hidden']:6.2f}" if "staleness" in name else f"{'-':>6}"
         print(
             f"{name:28} {row['startup_s']:7.1f} {row['warmup_s']:6.1f} {row['step_s']:6.2f} {row['wait_s']:5.2f} "
-            f"{row['learn_s']:5.2f} {row['sync_s']:5.2f} {row['sync_mb']:5.1f} {row['tokens']:6.0f} {row['rollout_games_s']:8.1f} "
-            f"{row['rollout_tokens_s']:10.0f} {row['step_games_s']:8.1f} {speedup:6.2f} "
+            f"{row['learn_s']:5.2f} {row['sync_s']:5.2f} {row['sync_mb']:5.1f} {row['tokens']:6.0f} "
+            f"{row['rollout_games_s']:8.1f} {row['rollout_tokens_s']:10.0f} {row['step_games_s']:8.1f} {speedup:6.2f} "
             f"{speedup / max(workers, 1):6.2f} {base['step_s'] / row['step_s']:6.2f} {hidden}"
         )
     one = results["Ray, 1 worker"]
