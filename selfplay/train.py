@@ -302,18 +302,18 @@ class Trainer:
             config.backend_precision,
             self.rollout_settings,
             learner_device=pick_device(config.device),
-            current_weights=self._backend_weights,
+            current_weights=lambda name: self._backend_weights(self.players[name]),
             device=config.device,
         )
 
-    def _backend_weights(self, name: str) -> dict[str, torch.Tensor]:
-        return self.players[name].learner.backend_weights(PRECISIONS[self.config.backend_precision])
+    def _backend_weights(self, player: LearningPlayer) -> dict[str, torch.Tensor]:
+        return player.learner.backend_weights(PRECISIONS[self.config.backend_precision])
 
     def _sync(self, player: LearningPlayer) -> None:
         """The learner's current weights to its backend (and the rollout workers), as this
         step's version."""
         if self.workers is not None:
-            self.workers.publish(player.name, self._backend_weights(player.name), self.step)
+            self.workers.publish(player.name, self._backend_weights(player), self.step)
         if player.backend.shares_model:
             player.backend.version = self.step
         else:
