@@ -213,8 +213,7 @@ class RolloutWorkers:
             for spec, values in game_metrics.items():
                 metrics[spec].append(values)
         del self.pending[step]
-        sync_s = sum(ray.get([load for loads in self.loads for load in loads]))
-        self.loads = [[] for _ in self.workers]
+        sync_s = self._load_seconds()
         self._forget_old_weights()
         versions = {name: version for share in shares for name, version in share.versions.items()}
         versions.update({name: version for share in shares for name, (_, version) in share.snapshots.items()})
@@ -226,6 +225,18 @@ class RolloutWorkers:
             sync_s=sync_s,
             restarts=self.restarts - restarts_before,
         )
+
+    def _load_seconds(self) -> float:
+        """The seconds the weight loads sent so far took; a load whose worker has died since is
+        sent again with the share it served, when that share is collected."""
+        seconds = 0.0
+        for load in [load for loads in self.loads for load in loads]:
+            try:
+                seconds += ray.get(load)
+            except ray.exceptions.RayActorError:
+                pass
+        self.loads = [[] for _ in self.workers]
+        return seconds
 
     def _replace(self, index: int) -> None:
         """A new worker in place of the dead worker `index`, playing again every share it held,
@@ -249,10 +260,9 @@ class RolloutWorkers:
 
     def _forget_old_weights(self) -> None:
         """Drop the object store's copies that neither a pending share nor a new one can use."""
-        needed = {
-            (name, version) for shares in self.pending.values() for s in shares for name, version in s.versions.items()
-        }
-        needed |= set(self.current.items())
+        needed = set(self.current.items())
+        for shares in self.pending.values():
+            needed |= {key for share in shares for key in share.versions.items()}
         for key in [key for key in self.weights if key not in needed]:
             del self.weights[key]
 
