@@ -98,7 +98,7 @@ def summary(result: dict, games: int) -> dict[str, float]:
     def mean(key: str) -> float:
         return float(np.mean([row.get(key, 0.0) for row in rows]))
 
-    tokens = mean("time/tokens_per_s") * mean("time/generate_s")
+    tokens = float(np.mean([row["time/tokens_per_s"] * row["time/generate_s"] for row in rows]))
     play = mean("distributed/play_s") or mean("time/generate_s")
     return {
         "startup_s": result["startup"],
