@@ -33,13 +33,14 @@ from selfplay.config import MAX_EPISODES, Bounds, build_section, find_yaml, load
 from selfplay.errors import UserError
 from selfplay.evaluation.exploitability import SUPPORTED_GAMES
 from selfplay.evaluation.ratings import fit_elo
-from selfplay.evaluation.scoreboard import seat_outcome, wilson_interval
+from selfplay.evaluation.scoreboard import game_outcome, seat_outcome, wilson_interval
 from selfplay.games import make_game
 from selfplay.records import Trajectory
 from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
 from selfplay.run_dir import RunDir
 
 POLICY = "policy"  # the label of the evaluated model in its games against fixed opponents
+OUTCOMES = ("wins", "draws", "losses", "truncated")
 
 
 @dataclass(frozen=True)
@@ -180,9 +181,9 @@ def pairing_matches(game: str, first: str, second: str, seeds: Sequence[int]) ->
 
 
 def outcome_stats(trajectories: Iterable[Trajectory], label: str) -> dict:
-    """Wins, draws and losses of `label` (`seat_outcome`), with Wilson intervals, overall
-    and per seat; its invalid-move rate over its turns and its mean response length in tokens."""
-    counts = {"games": 0, "wins": 0, "draws": 0, "losses": 0}
+    """Wins, draws, losses and truncated games of `label` (`game_outcome`), with Wilson intervals,
+    overall and per seat; its invalid-move rate over its turns and its mean response length in tokens."""
+    counts = dict.fromkeys(("games", *OUTCOMES), 0)
     seats: dict[int, dict] = {}
     turns = invalid = tokens = 0
     for trajectory in trajectories:
@@ -190,8 +191,8 @@ def outcome_stats(trajectories: Iterable[Trajectory], label: str) -> dict:
         for seat, player in enumerate(result.players):
             if player != label:
                 continue
-            outcome = seat_outcome(result.rewards, seat)
-            per_seat = seats.setdefault(seat, {"games": 0, "wins": 0, "draws": 0, "losses": 0})
+            outcome = game_outcome(result, seat)
+            per_seat = seats.setdefault(seat, dict.fromkeys(("games", *OUTCOMES), 0))
             for tally in (counts, per_seat):
                 tally["games"] += 1
                 tally[outcome] += 1
@@ -210,7 +211,7 @@ def outcome_stats(trajectories: Iterable[Trajectory], label: str) -> dict:
 
 def _rates(counts: dict) -> dict:
     out = dict(counts)
-    for outcome in ("wins", "draws", "losses"):
+    for outcome in OUTCOMES:
         out[f"{outcome}_rate"] = counts[outcome] / counts["games"] if counts["games"] else 0.0
         out[f"{outcome}_ci95"] = list(wilson_interval(counts[outcome], counts["games"]))
     return out

@@ -102,12 +102,13 @@ def _markdown(results: dict, plots: list[tuple[str, str]]) -> str:
         "",
         "## Against fixed opponents",
         "",
-        "| checkpoint | step | game | opponent | games | win | draw | loss | invalid moves | response tokens |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| checkpoint | step | game | opponent | games | win | draw | loss | truncated | invalid moves "
+        "| response tokens |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results["matches"]:
         cells = [r["candidate"], "" if r["step"] is None else str(r["step"]), r["game"], r["opponent"], str(r["games"])]
-        cells += [_rate(r, outcome) for outcome in ("wins", "draws", "losses")]
+        cells += [_rate(r, outcome) for outcome in ("wins", "draws", "losses", "truncated")]
         cells += [f"{r['invalid_move_rate']:.3f}", f"{r['mean_response_tokens']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
     for skip in results["skipped"]:

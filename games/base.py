@@ -27,6 +27,8 @@ from selfplay.games.answers import BOXED, AnswerFormat, normalize
 _TEXT_SPACE_CHARSET = string.printable
 _OUTSIDE_CHARSET = re.compile(f"[^{re.escape(_TEXT_SPACE_CHARSET)}]")
 MAX_TEXT_LENGTH = 32_768
+# The turn cap of a game that states no maximum length of its own (and of a run that sets none).
+UNBOUNDED_GAME_TURN_CAP = 1000
 # Enough of an invalid output to diagnose it without storing whole responses in infos.
 _RECORDED_OUTPUT_CHARS = 200
 
@@ -52,6 +54,9 @@ class TextGame(ABC):
     # `legal_moves` names every legal move; False where moves are free text and it gives examples
     # (legal decoding, which writes only listed moves, needs it True).
     lists_every_move: bool = True
+    # The most moves a game can last, where the game bounds it (OpenSpiel's max_game_length()):
+    # the environment's turn cap unless the user sets one. None: the game states no bound.
+    max_length: int | None = None
 
     @abstractmethod
     def reset(self, rng: np.random.Generator) -> None:
@@ -98,6 +103,11 @@ class TextGame(ABC):
         it to the environment's `InvalidMovePolicy`. Either way the output is logged as invalid."""
         return None
 
+    def truncated(self) -> bool:
+        """Whether a game that is over was stopped by a cap of its own (for example a PettingZoo
+        environment's truncation) rather than played out; reported apart from draws."""
+        return False
+
     def training_metrics(self) -> dict[str, float]:
         """Figures about the game itself that the trainer logs after each step (for example a
         task buffer's diversity); shared state across instances, since any one is asked."""
@@ -138,7 +148,9 @@ class TextGameEnv(AECEnv):
     Observations are dicts: `observation` (the game's numeric tensor), `rules` (fixed for
     the game), `state` (this player's view, the legal moves when it is their turn, and
     the answer instruction) and `view` (this player's view alone, `TextGame.describe`). A game
-    that reaches `max_turns` valid moves ends as a draw (every reward 0, agents truncated).
+    that reaches `max_turns` valid moves (by default the game's own `max_length`) is truncated:
+    every reward 0, agents truncated, `end_reason` "turn_cap", as is a game stopped by a cap of
+    its own (`TextGame.truncated`).
     `infos[agent]["invalid_moves"]` lists every invalid output of that agent in the episode.
     """
 
@@ -150,7 +162,7 @@ class TextGameEnv(AECEnv):
         *,
         name: str,
         invalid_moves: InvalidMovePolicy = InvalidMovePolicy(),
-        max_turns: int = 50,
+        max_turns: int | None = None,
         render_mode: str | None = None,
     ):
         super().__init__()
@@ -159,7 +171,7 @@ class TextGameEnv(AECEnv):
         self.game = game
         self.metadata = {**self.metadata, "name": name}
         self.invalid_moves = invalid_moves
-        self.max_turns = max_turns
+        self.max_turns = max_turns or game.max_length or UNBOUNDED_GAME_TURN_CAP
         self.render_mode = render_mode
         self.possible_agents = list(game.agent_names) or [f"player_{i}" for i in range(game.num_players)]
         self._seat = {agent: i for i, agent in enumerate(self.possible_agents)}
@@ -235,7 +247,9 @@ class TextGameEnv(AECEnv):
             self._legal_moves = None
             self.turns += 1
             if self.game.is_over():
-                self._finish("game_over", dict(zip(self.possible_agents, self.game.returns())))
+                truncated = self.game.truncated()
+                returns = dict(zip(self.possible_agents, self.game.returns()))
+                self._finish("turn_cap" if truncated else "game_over", returns, truncated=truncated)
             elif self.turns >= self.max_turns:
                 self._finish("turn_cap", {a: 0.0 for a in self.agents}, truncated=True)
             else:

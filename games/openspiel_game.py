@@ -55,6 +55,7 @@ class OpenSpielGame(TextGame):
         else:
             self._tensor = None
             self.observation_shape = (1,)
+        self.max_length = self.spiel_game.max_game_length()
         self.rules = self.rules_text()
         self.state: pyspiel.State = self.spiel_game.new_initial_state()
         self._rng = np.random.default_rng()

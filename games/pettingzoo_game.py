@@ -69,12 +69,14 @@ class PettingZooGame(TextGame):
         self.observation_shape = self._observation(self.agents[0]).shape
         self.rules = self.rules_text()
         self._returns = dict.fromkeys(self.agents, 0.0)
+        self._truncated = False
 
     # -- the state machine ---------------------------------------------------------------
 
     def reset(self, rng: np.random.Generator) -> None:
         self.env.reset(seed=int(rng.integers(2**31)))
         self._returns = dict.fromkeys(self.agents, 0.0)
+        self._truncated = False
 
     def current_player(self) -> int:
         return self.agents.index(self.env.agent_selection)
@@ -107,6 +109,7 @@ class PettingZooGame(TextGame):
         # PettingZoo drops an agent's reward once it is stepped out, so collect them every step.
         for agent, reward in self.env.rewards.items():
             self._returns[agent] += float(reward)
+        self._truncated |= any(self.env.truncations.values())
 
     def _finished(self, agent: str) -> bool:
         return bool(self.env.terminations[agent] or self.env.truncations[agent])
@@ -116,6 +119,9 @@ class PettingZooGame(TextGame):
 
     def returns(self) -> list[float]:
         return [self._returns[agent] for agent in self.agents]
+
+    def truncated(self) -> bool:
+        return self._truncated
 
     # -- text and tensors -------------------------------------------------------------------
 

@@ -127,7 +127,7 @@ def make_env(
     spec: str,
     *,
     invalid_moves: InvalidMovePolicy = InvalidMovePolicy(),
-    max_turns: int = 50,
+    max_turns: int | None = None,
     render_mode: str | None = None,
 ) -> TextGameEnv:
     """A PettingZoo AEC environment for the game a spec names."""

@@ -15,7 +15,7 @@ from selfplay.agents import agent_help
 from selfplay.backends import BACKENDS
 from selfplay.config import Bounds, EvalConfig, RolloutConfig, TrainConfig, find_yaml, load_config, number_bounds
 from selfplay.errors import UserError
-from selfplay.evaluation.scoreboard import format_table, tally
+from selfplay.evaluation.scoreboard import format_table, tally, truncation_warning
 from selfplay.games import describe_games
 from selfplay.games.registry import ENTRY_POINT_GROUP
 from selfplay.legal_decoding import DECODINGS
@@ -44,12 +44,15 @@ def _cmd_play(args: argparse.Namespace) -> int:
         progress=not args.no_progress and not any(spec.startswith("human") for spec in specs),
     )
     records = tally(results)
+    truncated = sum(r.end_reason == "turn_cap" for r in results)
+    _warn(truncation_warning(truncated, len(results), "--max-turns"))
     if args.json:
         summary = {
             "game": args.game,
             "episodes": args.episodes,
             "seed": args.seed,
             "mean_turns": sum(r.turns for r in results) / len(results),
+            "truncated": truncated,
             "agents": [r.to_dict() for r in records],
         }
         print(json.dumps(summary, indent=2))
@@ -95,6 +98,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     candidates = find_candidates(args.checkpoints)
     _make_output_dir(args.out, "--out")  # before the evaluation, which a report that cannot be written would lose
     results = evaluate(candidates, settings, progress=not args.no_progress)
+    rows = results["matches"]
+    _warn(truncation_warning(sum(r["truncated"] for r in rows), sum(r["games"] for r in rows), "--max-turns"))
     report = write_report(results, args.out)
     print(f"Wrote {report} and {report.parent / RESULTS_FILE}.")
     return 0
@@ -131,6 +136,11 @@ def _cmd_games_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _warn(warning: str | None) -> None:
+    if warning:
+        print(warning, file=sys.stderr)
+
+
 def _rollout(args: argparse.Namespace) -> RolloutSettings:
     """The rollout settings a command's options give, through the config's `rollout` section:
     its checks, then the conversion training uses. Each option has the name of its key there."""
@@ -147,8 +157,11 @@ def _make_output_dir(path: str, option: str) -> None:
 
 def _setting(section, name: str):
     """An argparse type reading an option as the config reads the field `name` of `section`: the
-    same kind of number, within the same range."""
-    return _number(*number_bounds(typing.get_type_hints(section, include_extras=True)[name]))
+    same kind of number, within the same range (an optional field's, when it is set)."""
+    hint = typing.get_type_hints(section, include_extras=True)[name]
+    if type(None) in typing.get_args(hint):
+        hint = typing.get_args(hint)[0]
+    return _number(*number_bounds(hint))
 
 
 def _number(kind: type, bounds: Bounds):
@@ -207,7 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="extra attempts after an invalid move (default 0: the game ends with a penalty)",
     )
     play.add_argument(
-        "--max-turns", type=MAX_TURNS, default=50, help="turn cap; a game that reaches it is a draw (default 50)"
+        "--max-turns",
+        type=MAX_TURNS,
+        help="turn cap; a game that reaches it is reported as truncated (default: the game's own maximum length)",
     )
     play.add_argument(
         "--backend", choices=BACKENDS, default="hf", help="generation backend for model agents (default hf)"
@@ -280,7 +295,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--decoding", choices=DECODINGS, default="free", help=DECODING_HELP)
     evaluation.add_argument("--prompt", choices=PROMPT_STYLES, default="full", help=PROMPT_HELP)
     evaluation.add_argument("--max-new-tokens", type=MAX_NEW_TOKENS, default=32, help="tokens per turn (default 32)")
-    evaluation.add_argument("--max-turns", type=MAX_TURNS, default=50, help="turn cap per game (default 50)")
+    evaluation.add_argument(
+        "--max-turns", type=MAX_TURNS, help="turn cap per game (default: the game's own maximum length)"
+    )
     evaluation.add_argument("--no-round-robin", action="store_true", help="skip the round robin between checkpoints")
     evaluation.add_argument("--no-exploitability", action="store_true", help="skip exact exploitability")
     evaluation.add_argument("--no-progress", action="store_true", help="hide the progress bar")
