@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import string
+import unicodedata
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -29,6 +30,14 @@ _OUTSIDE_CHARSET = re.compile(f"[^{re.escape(_TEXT_SPACE_CHARSET)}]")
 MAX_TEXT_LENGTH = 32_768
 # The turn cap of a game that states no maximum length of its own (and of a run that sets none).
 UNBOUNDED_GAME_TURN_CAP = 1000
+# Terminal colour codes (OpenSpiel's Twixt colours its board) carry nothing a reader needs.
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# ASCII stand-ins for the symbols OpenSpiel games write beyond box drawing and playing cards.
+_SYMBOLS = {"\u2660": "S", "\u2663": "C", "\u2665": "H", "\u2666": "D", "\u2190": "<-", "\u2192": "->"}
+_SYMBOLS.update({"\u2661": "H", "\u2662": "D", "\u2664": "S", "\u2667": "C", "\u2191": "^", "\u2193": "v"})
+_SYMBOLS.update({"\u25cf": "@", "\u25cb": "O", "\u26ab": "@", "\u26aa": "O", "\u00d7": "x", "\u00b7": "."})
+_CARD_RANKS = {"ACE": "A", "KING": "K", "QUEEN": "Q", "KNIGHT": "C", "JACK": "J", "TEN": "T", "NINE": "9"}
+_CARD_RANKS.update({"EIGHT": "8", "SEVEN": "7", "SIX": "6", "FIVE": "5", "FOUR": "4", "THREE": "3", "TWO": "2"})
 # Enough of an invalid output to diagnose it without storing whole responses in infos.
 _RECORDED_OUTPUT_CHARS = 200
 
@@ -364,5 +373,33 @@ def _excerpt(text: str, limit: int) -> str:
 
 
 def _printable(text: str) -> str:
-    """`text` with every character outside the Text spaces' charset replaced by '?'."""
-    return _OUTSIDE_CHARSET.sub("?", text)
+    """`text` in the Text spaces' charset (printable ASCII): box drawing as -, | and +, playing
+    cards as rank and suit (AS, TH), suits and arrows as letters and arrows, accented letters
+    without their accents, and any other symbol by its Unicode name, so that nothing is lost."""
+    text = _ANSI_ESCAPE.sub("", text)
+    if not _OUTSIDE_CHARSET.search(text):
+        return text
+    return "".join(ch if ch in _TEXT_SPACE_CHARSET else _ascii_symbol(ch) for ch in text)
+
+
+def _ascii_symbol(ch: str) -> str:
+    if ch in _SYMBOLS:
+        return _SYMBOLS[ch]
+    name = unicodedata.name(ch, f"U+{ord(ch):04X}")
+    if name.startswith("BOX DRAWINGS"):
+        return _box_drawing(name)
+    if name.startswith("PLAYING CARD "):
+        rank, _, suit = name.removeprefix("PLAYING CARD ").partition(" OF ")
+        return _CARD_RANKS.get(rank, rank.lower()) + suit[:1] if suit else f"[{rank.lower()}]"
+    plain = unicodedata.normalize("NFKD", ch).encode("ascii", "ignore").decode()
+    if plain and not _OUTSIDE_CHARSET.search(plain):
+        return plain
+    return f"[{name.lower()}]"
+
+
+def _box_drawing(name: str) -> str:
+    if "DIAGONAL" in name:
+        return "X" if "CROSS" in name else "/" if "UPPER RIGHT TO LOWER LEFT" in name else "\\"
+    across = any(word in name for word in ("HORIZONTAL", "LEFT", "RIGHT"))
+    upright = any(word in name for word in ("VERTICAL", "UP", "DOWN"))
+    return "+" if across and upright else "-" if across else "|"
