@@ -60,6 +60,7 @@ class TextGame(ABC):
     agent_names: tuple[str, ...] = ()
     roles: tuple[str, ...] = ()
     zero_sum: bool = True  # the seats' returns always sum to 0
+    cooperative: bool = False  # every seat gets the same return: a team score, not wins and losses
     # `legal_moves` names every legal move; False where moves are free text and it gives examples
     # (legal decoding, which writes only listed moves, needs it True).
     lists_every_move: bool = True
@@ -311,9 +312,9 @@ class TextGameEnv(AECEnv):
         seat = self._seat[agent]
         return {
             "observation": np.asarray(self.game.observation_tensor(seat), dtype=np.float32),
-            "rules": _printable(self.game.rules),
-            "state": _printable(self.state_text(agent)),
-            "view": _printable(self.game.describe(seat)),
+            "rules": ascii_text(self.game.rules),
+            "state": ascii_text(self.state_text(agent)),
+            "view": ascii_text(self.game.describe(seat)),
         }
 
     def state_text(self, agent: str) -> str:
@@ -372,7 +373,7 @@ def _excerpt(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _printable(text: str) -> str:
+def ascii_text(text: str) -> str:
     """`text` in the Text spaces' charset (printable ASCII): box drawing as -, | and +, playing
     cards as rank and suit (AS, TH), suits and arrows as letters and arrows, accented letters
     without their accents, and any other symbol by its Unicode name, so that nothing is lost."""
