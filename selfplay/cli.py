@@ -127,7 +127,7 @@ def _cmd_games_list(args: argparse.Namespace) -> int:
         print(f"  {name.ljust(width)}  {about}")
     print(
         "\nAdapters (held-out games without new code):\n"
-        "  openspiel:NAME[(key=value,...)]   any two-player, turn-based OpenSpiel game,\n"
+        "  openspiel:NAME[(key=value,...)]   any turn-based OpenSpiel game of 2+ players,\n"
         "                                    e.g. openspiel:leduc_poker, openspiel:nim(pile_sizes=1;3;5)\n"
         "  pettingzoo:MODULE                 any PettingZoo AEC env with discrete actions and masks,\n"
         "                                    e.g. pettingzoo:pettingzoo.classic.connect_four_v3\n"
