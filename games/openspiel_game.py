@@ -28,7 +28,9 @@ class OpenSpielGame(TextGame):
         if name not in pyspiel.registered_names():
             raise UserError(f"OpenSpiel has no game '{name}' (pyspiel.registered_names() lists its games).")
         try:
-            known = pyspiel.load_game(name).get_parameters() if params else {}
+            game = pyspiel.load_game(name) if params else None
+            # Hanabi states its parameters only in its specification.
+            known = {**game.get_parameters(), **game.get_type().parameter_specification} if params else {}
             unknown = sorted(set(params) - set(known))
             if unknown:
                 raise UserError(
