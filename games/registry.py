@@ -14,6 +14,7 @@ A game spec is one of:
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import re
 import sys
@@ -136,6 +137,12 @@ def make_game(spec: str) -> TextGame:
         return factory(**params)
     except TypeError as err:
         raise UnknownGameError(f"Game '{name}' does not take the parameters {params}: {err}") from None
+
+
+@functools.cache
+def is_cooperative(spec: str) -> bool:
+    """Whether every seat of the game shares one score (a team game, reported by that score)."""
+    return make_game(spec).cooperative
 
 
 def make_env(

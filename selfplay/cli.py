@@ -17,7 +17,7 @@ from selfplay.config import Bounds, EvalConfig, RolloutConfig, TrainConfig, find
 from selfplay.errors import UserError
 from selfplay.evaluation.scoreboard import format_table, tally, truncation_warning
 from selfplay.games import describe_games
-from selfplay.games.registry import ENTRY_POINT_GROUP
+from selfplay.games.registry import ENTRY_POINT_GROUP, is_cooperative
 from selfplay.legal_decoding import DECODINGS
 from selfplay.match import play_series
 from selfplay.prompts import PROMPT_STYLES
@@ -46,6 +46,8 @@ def _cmd_play(args: argparse.Namespace) -> int:
     records = tally(results)
     truncated = sum(r.end_reason == "turn_cap" for r in results)
     _warn(truncation_warning(truncated, len(results), "--max-turns"))
+    cooperative = is_cooperative(args.game)
+    team_score = sum(r.rewards[0] for r in results) / len(results)  # every seat's, in a cooperative game
     if args.json:
         summary = {
             "game": args.game,
@@ -53,11 +55,16 @@ def _cmd_play(args: argparse.Namespace) -> int:
             "seed": args.seed,
             "mean_turns": sum(r.turns for r in results) / len(results),
             "truncated": truncated,
+            **({"cooperative": True, "team_score": team_score} if cooperative else {}),
             "agents": [r.to_dict() for r in records],
         }
         print(json.dumps(summary, indent=2))
+    elif cooperative:
+        print(f"{args.game}: {args.episodes} games, seed {args.seed}, seats rotating")
+        print(f"A cooperative game: every player shares one score. Mean team score {team_score:+.3f}; ", end="")
+        print(f"{truncated} games truncated; invalid moves {sum(r.invalid_moves for r in records)}.")
     else:
-        print(f"{args.game}: {args.episodes} games, seed {args.seed}, seats alternating\n")
+        print(f"{args.game}: {args.episodes} games, seed {args.seed}, seats rotating\n")
         print(format_table(records))
     return 0
 

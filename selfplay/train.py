@@ -48,6 +48,7 @@ from selfplay.evaluation.evaluate import plan_pairings, play_opponents
 from selfplay.evaluation.exploitability import SUPPORTED_GAMES, policy_exploitability
 from selfplay.evaluation.scoreboard import game_outcome, truncation_warning
 from selfplay.games import make_game
+from selfplay.games.registry import is_cooperative
 from selfplay.league.manager import League, initial_players, roles_of
 from selfplay.league.matchmaking import MAIN, SELF, is_fixed, rule_error
 from selfplay.league.population import snapshot_name
@@ -152,10 +153,14 @@ def rollout_metrics(trajectories: Sequence[Trajectory], label: str = MAIN) -> di
                 continue
             returns[f"return/{result.game}/{roles_of(result.game)[seat]}"].append(result.rewards[seat])
             opponents = sorted({p for p in result.players if p != label})
-            if opponents:
+            if is_cooperative(result.game):  # one shared score: no wins or losses
+                returns[f"team_score/{result.game}"].append(result.rewards[seat])
+            elif opponents:
                 outcomes[f"{result.game}/{'+'.join(opponents)}"][game_outcome(result, seat)] += 1
     metrics = {name: float(np.mean(values)) for name, values in returns.items()}
-    metrics["reward/mean"] = float(np.mean([r for values in returns.values() for r in values]))
+    metrics["reward/mean"] = float(
+        np.mean([r for k, values in returns.items() if k.startswith("return/") for r in values])
+    )
     metrics["games/truncated_rate"] = sum(t.result.end_reason == "turn_cap" for t in trajectories) / max(
         len(trajectories), 1
     )

@@ -189,3 +189,12 @@ def test_numeric_options_out_of_range_are_one_line_errors(capsys, verb, option, 
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.startswith(f"selfplay: error: {message}")
     assert err.count("\n") == 1 and f"(see `selfplay {verb} --help`)" in err
+
+
+def test_play_reports_a_cooperative_game_by_its_team_score(capsys):
+    game = "openspiel:hanabi(players=2, colors=1, ranks=2, hand_size=2, max_information_tokens=3, max_life_tokens=1)"
+    code, out, _ = run_cli(capsys, "play", game, "--agents", "random,random", "--episodes", "6", "--no-progress")
+    assert code == 0 and "A cooperative game: every player shares one score. Mean team score" in out
+    assert "wins" not in out
+    summary = json.loads(run_cli(capsys, "play", game, "--agents", "random,random", "--episodes", "6", "--json")[1])
+    assert summary["cooperative"] and summary["team_score"] == summary["agents"][0]["mean_reward"]
