@@ -1,11 +1,16 @@
 """`selfplay eval`: how checkpoints play games against fixed opponents and against each other.
 
 For each checkpoint (every checkpoint of a run directory, or any model), each game and each
-opponent, the checkpoint plays `episodes` games, alternating seats: wins, draws and losses
-with 95% Wilson intervals, per seat and overall, the invalid-move rate and the mean response
-length. Then, optionally, a round robin
-between the checkpoints in each two-player game, with Elo fitted by OpenSpiel, and the exact
-exploitability of each checkpoint where the game is small enough (Kuhn Poker, Leduc Hold'em).
+opponent, the checkpoint plays `episodes` games, alternating seats: its mean return per game
+(the game's own payoff: chips, points) with a 95% interval, in milli-big-blinds per hand too in
+poker, and its wins, draws and losses with 95% Wilson intervals (none in a general-sum or
+cooperative game), per seat and overall, the share of games stopped by a turn cap (truncated:
+neither won, drawn nor lost), the invalid-move rate and the mean response length. Which of these
+judges play in a game follows its kind (`game_kinds`). Each checkpoint's difference from a
+baseline checkpoint is measured game by game on the same deals (`paired`). Then, optionally, a
+round robin between the checkpoints in each two-player game, with its mean return matrix and
+Elo fitted by OpenSpiel, and the exact exploitability of each checkpoint where the game is
+small enough (Kuhn Poker, Leduc Hold'em).
 
 Every game's seed derives from the evaluation seed, the game and the opponent, so every
 checkpoint meets the same deals; the same seed gives the same figures (timings are kept out
@@ -32,8 +37,10 @@ from selfplay.checkpoint import STATE_FILE, checkpoint_problem, checkpoint_step,
 from selfplay.config import MAX_EPISODES, Bounds, build_section, find_yaml, load_config, read_yaml
 from selfplay.errors import UserError
 from selfplay.evaluation.exploitability import SUPPORTED_GAMES
+from selfplay.evaluation.game_kinds import GENERAL_SUM, GameKind, mbb_per_hand
+from selfplay.evaluation.paired import paired_comparison
 from selfplay.evaluation.ratings import fit_elo
-from selfplay.evaluation.scoreboard import game_outcome, seat_outcome, wilson_interval
+from selfplay.evaluation.scoreboard import game_outcome, mean_interval, wilson_interval
 from selfplay.games import make_game
 from selfplay.records import Trajectory
 from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
@@ -85,6 +92,7 @@ class EvalSettings:
     backend: str = "hf"
     round_robin: bool = True
     exploitability: bool = True
+    baseline: str | None = None  # the candidate that paired comparisons difference from; None: the first
 
 
 def find_candidates(specs: Sequence[str]) -> list[Candidate]:
@@ -180,40 +188,57 @@ def pairing_matches(game: str, first: str, second: str, seeds: Sequence[int]) ->
     return [MatchSpec(game, (first, second) if i % 2 == 0 else (second, first), s) for i, s in enumerate(seeds)]
 
 
-def outcome_stats(trajectories: Iterable[Trajectory], label: str) -> dict:
-    """Wins, draws, losses and truncated games of `label` (`game_outcome`), with Wilson intervals,
-    overall and per seat; its invalid-move rate over its turns and its mean response length in tokens."""
-    counts = dict.fromkeys(("games", *OUTCOMES), 0)
-    seats: dict[int, dict] = {}
+def outcome_stats(trajectories: Iterable[Trajectory], label: str, kind: GameKind) -> dict:
+    """The figures of `label` over its games, overall and per seat: its mean return with a 95%
+    interval (and in milli-big-blinds per hand in poker); in a zero-sum game its wins, draws and
+    losses (`game_outcome`) with Wilson intervals, or, in a general-sum game, which nobody wins,
+    the other seats' mean return instead; in every kind its truncated games (stopped by a turn
+    cap: neither won, drawn nor lost, their returns counted in the means), its invalid-move rate
+    over its turns and its mean response length in tokens. `returns` and `outcomes` keep each
+    game's in the order of `trajectories`, which paired comparisons rely on (`play_opponents`
+    gives the match order). A game ended by an invalid move counts with the returns that
+    `InvalidMovePolicy` gave it."""
+    games: list[tuple[int, float, float, str]] = []  # (seat, its return, the others' mean, outcome) per game
     turns = invalid = tokens = 0
     for trajectory in trajectories:
         result = trajectory.result
-        for seat, player in enumerate(result.players):
-            if player != label:
-                continue
-            outcome = game_outcome(result, seat)
-            per_seat = seats.setdefault(seat, dict.fromkeys(("games", *OUTCOMES), 0))
-            for tally in (counts, per_seat):
-                tally["games"] += 1
-                tally[outcome] += 1
+        seat = result.players.index(label)
+        others = [r for s, r in enumerate(result.rewards) if s != seat]
+        games.append((seat, result.rewards[seat], sum(others) / len(others), game_outcome(result, seat)))
         mine = [t for t in trajectory.turns if t.agent == label]
         turns += len(mine)
         invalid += sum(t.invalid for t in mine)
         tokens += sum(len(t.response_ids) for t in mine)
+    seats = sorted({seat for seat, *_ in games})
     return {
-        **_rates(counts),
-        "seats": {str(seat): _rates(tally) for seat, tally in sorted(seats.items())},
+        "kind": asdict(kind),
+        **_figures([figures for _, *figures in games], kind),
+        "seats": {str(seat): _figures([figures for s, *figures in games if s == seat], kind) for seat in seats},
+        "returns": [m for _, m, _, _ in games],
+        "outcomes": [o for *_, o in games],
         "turns": turns,
         "invalid_move_rate": invalid / turns if turns else 0.0,
         "mean_response_tokens": tokens / turns if turns else 0.0,
     }
 
 
-def _rates(counts: dict) -> dict:
-    out = dict(counts)
-    for outcome in OUTCOMES:
-        out[f"{outcome}_rate"] = counts[outcome] / counts["games"] if counts["games"] else 0.0
-        out[f"{outcome}_ci95"] = list(wilson_interval(counts[outcome], counts["games"]))
+def _figures(games: list[tuple[float, float, str]], kind: GameKind) -> dict:
+    """`outcome_stats`' figures of some games, each given as (its return, the other seats' mean
+    return, its `game_outcome`)."""
+    out: dict = {"games": len(games)}
+    out["mean_return"], out["mean_return_ci95"] = mean_interval([mine for mine, _, _ in games])
+    if kind.big_blind is not None:
+        ci = out["mean_return_ci95"]
+        out["mbb_per_hand"] = mbb_per_hand(out["mean_return"], kind.big_blind)
+        out["mbb_per_hand_ci95"] = None if ci is None else [mbb_per_hand(x, kind.big_blind) for x in ci]
+    if kind.name == GENERAL_SUM:
+        out["opponent_mean_return"], out["opponent_mean_return_ci95"] = mean_interval([t for _, t, _ in games])
+    outcomes = [outcome for _, _, outcome in games]
+    for outcome in OUTCOMES if kind.has_winners else ("truncated",):
+        count = outcomes.count(outcome)
+        out[outcome] = count
+        out[f"{outcome}_rate"] = count / len(games) if games else 0.0
+        out[f"{outcome}_ci95"] = list(wilson_interval(count, len(games)))
     return out
 
 
@@ -247,21 +272,25 @@ def play_opponents(
     on_game: Callable[[], None] = lambda: None,
 ) -> list[dict]:
     """`policy` against each opponent of each game (`plan_pairings`); one row of
-    `outcome_stats` per (game, opponent). `on_game` is called as each game finishes.
+    `outcome_stats` per (game, opponent), its games in the order of their seeds
+    (`match_seeds`), the same deals for every policy. `on_game` is called as each game finishes.
 
     Each pairing runs in a rollout engine of its own: a batch shares one sampling seed, so
     games sharing batches share their luck, and one pairing's figures stay the same whatever
     else is evaluated beside it."""
     rows = []
     rollout = replace(rollout, sampling=replace(rollout.sampling, seed=seed))
+    kinds = {game: GameKind.of(make_game(game)) for game in pairings}
     for game, opponents in pairings.items():
         for opponent in opponents:
             matches = pairing_matches(game, POLICY, opponent, match_seeds(seed, game, opponent, episodes))
+            order = {(m.seed, m.players): i for i, m in enumerate(matches)}
             trajectories = []
             for trajectory in RolloutEngine({POLICY: policy, opponent: opponent}, rollout).run(matches):
                 trajectories.append(trajectory)
                 on_game()
-            rows.append({"game": game, "opponent": opponent, **outcome_stats(trajectories, POLICY)})
+            trajectories.sort(key=lambda t: order[t.result.seed, t.result.players])
+            rows.append({"game": game, "opponent": opponent, **outcome_stats(trajectories, POLICY, kinds[game])})
     return rows
 
 
@@ -269,10 +298,16 @@ def play_opponents(
 
 
 def evaluate(candidates: Sequence[Candidate], settings: EvalSettings, progress: bool = True) -> dict:
-    """Every figure of the evaluation, as plain data (what `results.json` holds)."""
+    """Every figure of the evaluation, as plain data (what `results.json` holds): each
+    candidate against each fixed opponent (`play_opponents`), each one's paired differences
+    from the baseline (`paired_comparison`), the round robin and exploitability."""
 
     if not candidates:
         raise UserError("Nothing to evaluate: give --checkpoints (run directories, checkpoints or models).")
+    names = [c.name for c in candidates]
+    baseline = settings.baseline or names[0]
+    if baseline not in names:
+        raise UserError(f"--baseline '{baseline}' is none of the candidates; give one of: {', '.join(names)}.")
     pairings, skipped = plan_pairings(settings.games, settings.opponents)
     pairs = len(candidates) * (len(candidates) - 1) // 2 if settings.round_robin else 0
     total = len(candidates) * sum(map(len, pairings.values())) * settings.episodes
@@ -283,6 +318,7 @@ def evaluate(candidates: Sequence[Candidate], settings: EvalSettings, progress: 
         "candidates": [asdict(c) for c in candidates],
         "skipped": skipped,
         "matches": [],
+        "comparison": {},
         "round_robin": {},
         "exploitability": [],
     }
@@ -302,6 +338,8 @@ def evaluate(candidates: Sequence[Candidate], settings: EvalSettings, progress: 
             finally:
                 policy.close()
             results["matches"] += [{"candidate": candidate.name, "step": candidate.step, **row} for row in rows]
+        if len(candidates) > 1:
+            results["comparison"] = paired_comparison(results["matches"], baseline)
         if pairs:
             bar.set_postfix_str("round robin")
             results["round_robin"] = round_robin(candidates, settings.games, settings, on_game=lambda: bar.update(1))
@@ -324,7 +362,9 @@ def round_robin(
     candidates: Sequence[Candidate], games: Sequence[str], settings: EvalSettings, on_game: Callable[[], None]
 ) -> dict:
     """Every pair of candidates plays `episodes` games of each game, alternating seats; per
-    game, the win and draw matrices and the Elo ratings OpenSpiel fits to them."""
+    game, the mean return matrix (`mean_returns[i][j]`: i's mean return against j, None on the
+    diagonal), the matrices of games played, won and drawn (a truncated game is played, but
+    neither won nor drawn) and the Elo ratings OpenSpiel fits to them."""
 
     labels = [c.name for c in candidates]
     index = {label: i for i, label in enumerate(labels)}
@@ -341,16 +381,22 @@ def round_robin(
         ]
         wins = {g: np.zeros((len(labels), len(labels)), dtype=int) for g in games}
         draws = {g: np.zeros((len(labels), len(labels)), dtype=int) for g in games}
+        returns = {g: np.zeros((len(labels), len(labels))) for g in games}
+        played = {g: np.zeros((len(labels), len(labels)), dtype=int) for g in games}
         rollout = replace(settings.rollout, sampling=replace(settings.rollout.sampling, seed=settings.seed))
         for trajectory in RolloutEngine(players, rollout).run(matches):
             result = trajectory.result
             a, b = (index[p] for p in result.players)
-            outcome = seat_outcome(result.rewards, 0)
+            returns[result.game][a, b] += result.rewards[0]
+            returns[result.game][b, a] += result.rewards[1]
+            played[result.game][a, b] += 1
+            played[result.game][b, a] += 1
+            outcome = game_outcome(result, 0)
             if outcome == "wins":
                 wins[result.game][a, b] += 1
             elif outcome == "losses":
                 wins[result.game][b, a] += 1
-            else:
+            elif outcome == "draws":
                 draws[result.game][a, b] += 1
                 draws[result.game][b, a] += 1
             on_game()
@@ -361,6 +407,12 @@ def round_robin(
         game: {
             "players": labels,
             "steps": [c.step for c in candidates],
+            "kind": asdict(GameKind.of(make_game(game))),
+            "mean_returns": [
+                [None if i == j else float(returns[game][i, j] / played[game][i, j]) for j in range(len(labels))]
+                for i in range(len(labels))
+            ],
+            "games": played[game].tolist(),
             "wins": wins[game].tolist(),
             "draws": draws[game].tolist(),
             "elo": fit_elo(wins[game], draws[game]),

@@ -1,10 +1,14 @@
 """The evaluation report: `results.json` (every figure), `report.md` (tables) and PNG plots of
-win rate, Elo and exploitability by checkpoint step."""
+each game's primary figure (`game_kinds`: win rate, or mean return), Elo and exploitability by
+checkpoint step."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from selfplay.evaluation.game_kinds import COOPERATIVE, GENERAL_SUM, WIN_LOSS, GameKind, headline
+from selfplay.evaluation.paired import summary_line
 
 RESULTS_FILE = "results.json"
 REPORT_FILE = "report.md"
@@ -47,13 +51,18 @@ def _plots(results: dict, out: Path) -> list[tuple[str, str]]:
             for opponent in dict.fromkeys(r["opponent"] for r in results["matches"] if r["game"] == game):
                 rows = [r for r in results["matches"] if r["game"] == game and r["opponent"] == opponent]
                 x, label = _x_axis(rows, names)
-                rate = [r["wins_rate"] for r in rows]
-                low = [r["wins_rate"] - r["wins_ci95"][0] for r in rows]
-                high = [r["wins_ci95"][1] - r["wins_rate"] for r in rows]
-                ax.errorbar(x, rate, yerr=[low, high], marker="o", capsize=3, label=f"vs {opponent}")
-            _label_axes(ax, game, label, "win rate (95% Wilson)")
-            ax.set_ylim(-0.02, 1.02)
-        plots.append(_save(fig, out / "win_rate.png", "Win rate by checkpoint, per game and opponent"))
+                figures = [headline(r) for r in rows]
+                values = [value for _, value, _ in figures]
+                # An interval missing (fewer than two games) draws as none.
+                intervals = [ci or [value, value] for _, value, ci in figures]
+                low = [value - ci[0] for value, ci in zip(values, intervals)]
+                high = [ci[1] - value for value, ci in zip(values, intervals)]
+                ax.errorbar(x, values, yerr=[low, high], marker="o", capsize=3, label=f"vs {opponent}")
+            figure = figures[0][0]
+            _label_axes(ax, game, label, f"{figure} (95% interval)")
+            if figure == "win rate":
+                ax.set_ylim(-0.02, 1.02)
+        plots.append(_save(fig, out / "primary.png", "Each game's primary figure by checkpoint, per opponent"))
     if results["round_robin"]:
         fig, ax = plt.subplots(figsize=(5.5, 3.6))
         for game, table in results["round_robin"].items():
@@ -98,28 +107,21 @@ def _markdown(results: dict, plots: list[tuple[str, str]]) -> str:
         "",
         f"Games: {', '.join(settings['games'])}. Opponents: {', '.join(settings['opponents'])}. "
         f"{settings['episodes']} games per pairing, seats alternating, seed {settings['seed']}, "
-        f"sampling temperature {settings['rollout']['sampling']['temperature']}.",
+        f"sampling temperature {settings['rollout']['sampling']['temperature']}. Intervals are 95%: "
+        "Wilson intervals for rates, normal intervals for means.",
         "",
         "## Against fixed opponents",
-        "",
-        "| checkpoint | step | game | opponent | games | win | draw | loss | truncated | invalid moves "
-        "| response tokens |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in results["matches"]:
-        cells = [r["candidate"], "" if r["step"] is None else str(r["step"]), r["game"], r["opponent"], str(r["games"])]
-        cells += [_rate(r, outcome) for outcome in ("wins", "draws", "losses", "truncated")]
-        cells += [f"{r['invalid_move_rate']:.3f}", f"{r['mean_response_tokens']:.1f}"]
-        lines.append("| " + " | ".join(cells) + " |")
+    for game in dict.fromkeys(r["game"] for r in results["matches"]):
+        rows = [r for r in results["matches"] if r["game"] == game]
+        kind = GameKind(**rows[0]["kind"])
+        lines += ["", f"### {game}: {_kind_words(kind)}", "", *_match_table(rows, kind)]
     for skip in results["skipped"]:
         lines.append(f"\nNot played: {skip['game']} against {skip['opponent']} ({skip['reason']})")
+    if results["comparison"]:
+        lines += ["", *_comparison(results["comparison"])]
     for game, table in results["round_robin"].items():
-        lines += ["", f"## Round robin: {game}", "", "| checkpoint | Elo | wins | draws | games |"]
-        lines.append("|---|---|---|---|---|")
-        for i, name in enumerate(table["players"]):
-            wins, draws = sum(table["wins"][i]), sum(table["draws"][i])
-            games = wins + draws + sum(row[i] for row in table["wins"])
-            lines.append(f"| {name} | {table['elo'][i]:.0f} | {wins} | {draws} | {games} |")
+        lines += ["", f"## Round robin: {game}", "", *_round_robin(table)]
     if results["exploitability"]:
         lines += ["", "## Exact exploitability", "", "| checkpoint | game | exploitability |", "|---|---|---|"]
         lines += [f"| {r['candidate']} | {r['game']} | {r['exploitability']:.4f} |" for r in results["exploitability"]]
@@ -128,6 +130,97 @@ def _markdown(results: dict, plots: list[tuple[str, str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _kind_words(kind: GameKind) -> str:
+    if kind.name == WIN_LOSS:
+        return "judged by wins, draws and losses (win-lose game; truncated: stopped by the turn cap)"
+    if kind.name == GENERAL_SUM:
+        return "judged by each side's mean return (general-sum game: nobody wins)"
+    if kind.name == COOPERATIVE:
+        return "judged by the team's score, the mean return every seat shares (cooperative game: nobody wins)"
+    chips = "chip" if kind.big_blind == 1 else "chips"
+    poker = f"; mbb/hand: milli-big-blinds per hand, 1 big blind = {kind.big_blind:g} {chips}" if kind.big_blind else ""
+    return f"judged by mean return per game (zero-sum game of chance{poker})"
+
+
+def _match_table(rows: list[dict], kind: GameKind) -> list[str]:
+    """The game's rows against fixed opponents, the primary figure first."""
+    outcomes = ["win", "draw", "loss"] if kind.has_winners else []
+    seats = sorted({int(seat) for r in rows for seat in r["seats"]})
+    returns = ["mean return", *(f"seat {seat}" for seat in seats)] + (["mbb/hand"] if kind.big_blind else [])
+    returns += ["opponent's mean return"] if kind.name == GENERAL_SUM else []
+    figures = outcomes + ["truncated"] + returns if kind.name == WIN_LOSS else returns + outcomes + ["truncated"]
+    header = ["checkpoint", "step", "opponent", "games", *figures, "invalid moves", "response tokens"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    cells = {
+        "win": lambda r: _rate(r, "wins"),
+        "draw": lambda r: _rate(r, "draws"),
+        "loss": lambda r: _rate(r, "losses"),
+        "truncated": lambda r: _rate(r, "truncated"),
+        "mean return": lambda r: _mean(r, "mean_return"),
+        "mbb/hand": lambda r: _mean(r, "mbb_per_hand", digits=0),
+        "opponent's mean return": lambda r: _mean(r, "opponent_mean_return"),
+    }
+    for seat in map(str, seats):
+        cells[f"seat {seat}"] = lambda r, s=seat: _mean(r["seats"][s], "mean_return") if s in r["seats"] else ""
+    for r in rows:
+        row = [r["candidate"], "" if r["step"] is None else str(r["step"]), r["opponent"], str(r["games"])]
+        row += [cells[f](r) for f in figures] + [f"{r['invalid_move_rate']:.3f}", f"{r['mean_response_tokens']:.1f}"]
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def _comparison(comparison: dict) -> list[str]:
+    """Each candidate's paired differences from the baseline, and the summary lines."""
+    baseline = comparison["baseline"]
+    lines = [
+        f"## Compared with {baseline}",
+        "",
+        f"Each checkpoint's score minus {baseline}'s, game by game on the same deals, seats and opponent "
+        "seeds: the return (chips in poker) in games judged by mean return, 1 / 0.5 / 0 for a win / draw / "
+        "loss in win-lose games. **Bold**: the 95% interval leaves out 0. Opponent `all` pools every "
+        "opponent's games.",
+        "",
+        "| checkpoint | game | opponent | games | difference | mbb/hand | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    rows = comparison["differences"] + comparison["per_game"]
+    order = {(r["candidate"], r["game"]): i for i, r in enumerate(rows)}  # each game's pooled row after its own
+    for r in sorted(rows, key=lambda r: order[r["candidate"], r["game"]]):
+        difference = _mean(r, "difference")
+        mbb = _mean(r, "mbb_per_hand", digits=0) if "mbb_per_hand" in r else ""
+        if r["verdict"] != "indistinguishable":
+            difference, mbb = f"**{difference}**", f"**{mbb}**" if mbb else ""
+        cells = [r["candidate"], r["game"], r["opponent"], str(r["games"]), difference, mbb, r["verdict"]]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines += [summary_line(name, counts, baseline) for name, counts in comparison["summary"].items()]
+    return lines
+
+
+def _round_robin(table: dict) -> list[str]:
+    """The mean return matrix, and, in a game with winners, wins and Elo."""
+    names = table["players"]
+    lines = ["Mean return of the row's checkpoint against the column's:", ""]
+    lines += ["| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for name, returns in zip(names, table["mean_returns"]):
+        lines.append(f"| {name} | " + " | ".join("" if x is None else f"{x:+.3f}" for x in returns) + " |")
+    if not GameKind(**table["kind"]).has_winners:
+        return lines
+    lines += ["", "| checkpoint | Elo | wins | draws | truncated | games |", "|---|---|---|---|---|---|"]
+    for i, name in enumerate(names):
+        wins, draws, games = sum(table["wins"][i]), sum(table["draws"][i]), sum(table["games"][i])
+        truncated = games - wins - draws - sum(row[i] for row in table["wins"])
+        lines.append(f"| {name} | {table['elo'][i]:.0f} | {wins} | {draws} | {truncated} | {games} |")
+    return lines
+
+
 def _rate(row: dict, outcome: str) -> str:
     low, high = row[f"{outcome}_ci95"]
     return f"{row[f'{outcome}_rate']:.3f} [{low:.2f}, {high:.2f}]"
+
+
+def _mean(row: dict, name: str, digits: int = 3) -> str:
+    """A mean with its interval, signed: `name` and `name_ci95` of `row`."""
+    ci = row[f"{name}_ci95"]
+    interval = "" if ci is None else f" [{ci[0]:+.{digits}f}, {ci[1]:+.{digits}f}]"
+    return f"{row[name]:+.{digits}f}{interval}"

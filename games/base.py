@@ -61,6 +61,13 @@ class TextGame(ABC):
     roles: tuple[str, ...] = ()
     zero_sum: bool = True  # the seats' returns always sum to 0
     cooperative: bool = False  # every seat gets the same return: a team score, not wins and losses
+    # How evaluation judges play (`selfplay.evaluation.game_kinds`): by the mean return where
+    # returns are amounts won (chips, points) that luck spreads, as in poker and dice games; else,
+    # in a zero-sum game, by wins, draws and losses. A game that is not zero-sum is always judged
+    # by each side's own mean return, a cooperative game by its team score.
+    judged_by_return: bool = False
+    # Poker games: the chips of one big blind, for milli-big-blinds per hand; None otherwise.
+    big_blind: float | None = None
     # `legal_moves` names every legal move; False where moves are free text and it gives examples
     # (legal decoding, which writes only listed moves, needs it True).
     lists_every_move: bool = True

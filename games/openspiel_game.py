@@ -19,6 +19,25 @@ from selfplay.errors import UserError
 from selfplay.games.base import TextGame, ascii_text
 from selfplay.games.openspiel_rules import rules_for, utility_kind
 
+# The ante that Kuhn Poker and Leduc Hold'em take from each player; they have no blinds.
+ANTE_GAMES = {"kuhn_poker": 1.0, "leduc_poker": 1.0}
+
+
+def poker_big_blind(game: pyspiel.Game) -> float | None:
+    """The chips of one big blind in an OpenSpiel poker game played one hand a game, or None for
+    any other game (OpenSpiel's game type does not mark poker, so its poker games are named).
+
+    Kuhn Poker and Leduc Hold'em have an ante of 1 chip each and no blinds; as in the papers that
+    report them in milli-big-blinds per hand, the ante counts as 1 big blind. `universal_poker`
+    names its blinds per player: the largest is the big blind. `repeated_poker` and
+    `repeated_leduc_poker` return the chips of a whole session of hands, so they get None."""
+    name = game.get_type().short_name
+    if name in ANTE_GAMES:
+        return ANTE_GAMES[name]
+    if name == "universal_poker":
+        return float(max(int(blind) for blind in str(game.get_parameters()["blind"]).split()))
+    return None
+
 
 class OpenSpielGame(TextGame):
     """Any turn-based OpenSpiel game of two or more players, rendered from OpenSpiel's own strings."""
@@ -50,6 +69,8 @@ class OpenSpielGame(TextGame):
         self.num_players = self.spiel_game.num_players()
         self.zero_sum = kind.utility == pyspiel.GameType.Utility.ZERO_SUM
         self.cooperative = kind.utility == pyspiel.GameType.Utility.IDENTICAL
+        self.judged_by_return = kind.chance_mode != pyspiel.GameType.ChanceMode.DETERMINISTIC
+        self.big_blind = poker_big_blind(self.spiel_game)
         self._perfect_information = kind.information == pyspiel.GameType.Information.PERFECT_INFORMATION
         if kind.provides_observation_tensor:
             self._tensor = "observation"

@@ -101,6 +101,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         backend=args.backend,
         round_robin=not args.no_round_robin,
         exploitability=not args.no_exploitability,
+        baseline=args.baseline,
     )
     candidates = find_candidates(args.checkpoints)
     _make_output_dir(args.out, "--out")  # before the evaluation, which a report that cannot be written would lose
@@ -304,6 +305,12 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--max-new-tokens", type=MAX_NEW_TOKENS, default=32, help="tokens per turn (default 32)")
     evaluation.add_argument(
         "--max-turns", type=MAX_TURNS, help="turn cap per game (default: the game's own maximum length)"
+    )
+    evaluation.add_argument(
+        "--baseline",
+        metavar="CANDIDATE",
+        help="the checkpoint every other one is compared with, game by game on the same deals, as its name "
+        "appears in the report (default: the first)",
     )
     evaluation.add_argument("--no-round-robin", action="store_true", help="skip the round robin between checkpoints")
     evaluation.add_argument("--no-exploitability", action="store_true", help="skip exact exploitability")

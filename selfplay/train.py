@@ -46,6 +46,7 @@ from selfplay.default_model import resolve_model
 from selfplay.errors import UserError
 from selfplay.evaluation.evaluate import plan_pairings, play_opponents
 from selfplay.evaluation.exploitability import SUPPORTED_GAMES, policy_exploitability
+from selfplay.evaluation.game_kinds import primary_figures
 from selfplay.evaluation.scoreboard import game_outcome, truncation_warning
 from selfplay.games import make_game
 from selfplay.games.registry import is_cooperative
@@ -308,18 +309,18 @@ class Trainer:
             config.backend_precision,
             self.rollout_settings,
             learner_device=pick_device(config.device),
-            current_weights=self._backend_weights,
+            current_weights=lambda name: self._backend_weights(self.players[name]),
             device=config.device,
         )
 
-    def _backend_weights(self, name: str) -> dict[str, torch.Tensor]:
-        return self.players[name].learner.backend_weights(PRECISIONS[self.config.backend_precision])
+    def _backend_weights(self, player: LearningPlayer) -> dict[str, torch.Tensor]:
+        return player.learner.backend_weights(PRECISIONS[self.config.backend_precision])
 
     def _sync(self, player: LearningPlayer) -> None:
         """The learner's current weights to its backend (and the rollout workers), as this
         step's version."""
         if self.workers is not None:
-            self.workers.publish(player.name, self._backend_weights(player.name), self.step)
+            self.workers.publish(player.name, self._backend_weights(player), self.step)
         if player.backend.shares_model:
             player.backend.version = self.step
         else:
@@ -594,16 +595,18 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         """The current policy against the fixed opponents of `config.eval` (the same deals
         every time), and its exact exploitability in the small games; the figures of
-        `selfplay eval`, as `eval/...` metrics."""
+        `selfplay eval` that judge play in each game's kind (`primary_figures`: win rates, or
+        mean return), as `eval/...` metrics."""
         started = time.perf_counter()
         rows = play_opponents(
             self.backend, self.eval_pairings, self.config.eval.episodes, self.config.seed, self.rollout_settings
         )
         metrics = {}
         for row in rows:
-            rates = ("wins_rate", "draws_rate", "losses_rate", "truncated_rate")
-            for name in (*rates, "invalid_move_rate", "mean_response_tokens"):
-                metrics[f"eval/{row['game']}/{row['opponent']}/{name}"] = row[name]
+            extras = ("truncated_rate", "invalid_move_rate", "mean_response_tokens")
+            figures = {**primary_figures(row), **{k: row[k] for k in extras}}
+            for name, value in figures.items():
+                metrics[f"eval/{row['game']}/{row['opponent']}/{name}"] = value
         for game in (g for g in self.eval_pairings if g in SUPPORTED_GAMES):
             with self.learner.scoring_model() as model:
                 metrics[f"eval/{game}/exploitability"] = policy_exploitability(

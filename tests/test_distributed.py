@@ -41,11 +41,11 @@ def local_ray():
     ensure_local_ray()
 
 
-def train(tiny_model_dir, run_dir, overrides=(), after_submit=None) -> tuple[list[bytes], dict]:
+def train(tiny_model_dir, run_dir, overrides=(), after_submit=None, resume=False) -> tuple[list[bytes], dict]:
     """Train a small league; returns each step's records (pickled, in a fixed order) and the
     last step's metrics. `after_submit(trainer, step)` runs once a step's games are handed out."""
     config = load_config(None, [*LEAGUE, f"model={tiny_model_dir}", f"run_dir={run_dir}", *overrides])
-    trainer = Trainer(config, progress=False)
+    trainer = Trainer(config, resume=resume, progress=False)
     steps = []
     record = trainer._league_step
 
@@ -114,6 +114,11 @@ def test_one_worker_gives_byte_identical_records_to_a_run_without_ray(tiny_model
     )
     assert len(without) == 3
     assert with_ray == without
+    # A run resumed from its step-2 checkpoint sends the checkpoint's weights to its worker.
+    on_one = [*snapshots_and_scripted, "distributed.rollout_workers=1"]
+    train(tiny_model_dir, tmp_path / "resumed", [*on_one, "steps=2"])
+    resumed, _ = train(tiny_model_dir, tmp_path / "resumed", [*on_one, "steps=3"], resume=True)
+    assert resumed == with_ray[2:]
     assert "distributed/version_lag_max" not in metrics
     assert ray_metrics["distributed/version_lag_max"] == 0
     assert ray_metrics["distributed/sync_mb"] > 0

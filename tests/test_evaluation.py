@@ -1,4 +1,5 @@
-"""`selfplay eval`: intervals, outcome tallies, and a tiny suite end to end, twice."""
+"""`selfplay eval`: intervals, outcome tallies, game kinds, paired comparisons, and a tiny suite
+end to end, twice."""
 
 from __future__ import annotations
 
@@ -8,14 +9,34 @@ import json
 import math
 import shutil
 
+import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from selfplay.cli import main
 from selfplay.errors import UserError
-from selfplay.evaluation.evaluate import find_candidates, load_suite, outcome_stats, plan_pairings
+from selfplay.evaluation.evaluate import (
+    Candidate,
+    EvalSettings,
+    evaluate,
+    find_candidates,
+    load_suite,
+    outcome_stats,
+    plan_pairings,
+)
+from selfplay.evaluation.game_kinds import (
+    COOPERATIVE,
+    GENERAL_SUM,
+    PAYOFF,
+    WIN_LOSS,
+    GameKind,
+    mbb_per_hand,
+    primary_figures,
+)
+from selfplay.evaluation.paired import paired_comparison, summary_line
 from selfplay.evaluation.ratings import fit_elo
-from selfplay.evaluation.scoreboard import wilson_interval
+from selfplay.evaluation.scoreboard import mean_interval, seat_outcome, wilson_interval
+from selfplay.games import make_game
 from selfplay.records import MatchResult, Trajectory, Turn
 from selfplay.run_dir import RunDir
 
@@ -40,8 +61,8 @@ def test_wilson_interval_without_trials_is_uninformative():
     assert wilson_interval(0, 0) == (0.0, 1.0)
 
 
-def _trajectory(players, rewards, turns_of_policy=(), seed=0):
-    result = MatchResult("kuhn_poker", seed, players, rewards, (0, 0), 2, "game_over")
+def _trajectory(players, rewards, turns_of_policy=(), seed=0, end_reason="game_over"):
+    result = MatchResult("kuhn_poker", seed, players, rewards, (0,) * len(players), 2, end_reason)
     turns = tuple(
         Turn(
             "kuhn_poker",
@@ -63,6 +84,51 @@ def _trajectory(players, rewards, turns_of_policy=(), seed=0):
     return Trajectory(result, turns)
 
 
+def test_mean_interval_matches_hand_computed_values():
+    # Mean 0.5; sample variance ((0.5^2 + 1.5^2) * 2) / 3 = 5/3; half-width 1.96 * sqrt(5/3 / 4) = 1.2652.
+    mean, (low, high) = mean_interval([1.0, -1.0, 2.0, 0.0])
+    assert mean == 0.5 and low == pytest.approx(-0.765151, abs=1e-6) and high == pytest.approx(1.765151, abs=1e-6)
+    assert mean_interval([3.0, 3.0, 3.0]) == (3.0, [3.0, 3.0])
+    assert mean_interval([2.0]) == (2.0, None)  # no spread to measure from one game
+
+
+def test_milli_big_blinds_per_hand_follow_each_poker_games_big_blind():
+    assert mbb_per_hand(0.25, 1.0) == 250.0  # Kuhn and Leduc: the ante of 1 chip is the big blind
+    assert mbb_per_hand(-3.0, 100.0) == -30.0
+    assert [make_game(g).big_blind for g in ("kuhn_poker", "leduc_holdem", "openspiel:leduc_poker")] == [1.0] * 3
+    assert make_game("openspiel:universal_poker").big_blind == 100.0  # its blinds are "100 100"
+    assert make_game("openspiel:liars_dice").big_blind is None and make_game("tictactoe").big_blind is None
+
+
+@pytest.mark.parametrize(
+    "spec, kind",
+    [
+        ("tictactoe", GameKind(WIN_LOSS)),
+        ("openspiel:connect_four", GameKind(WIN_LOSS)),
+        ("negotiation", GameKind(WIN_LOSS)),  # scores the larger gain +1, the smaller -1
+        ("kuhn_poker", GameKind(PAYOFF, 1.0)),
+        ("openspiel:liars_dice", GameKind(PAYOFF)),
+        ("openspiel:pig(winscore=20)", GameKind(PAYOFF)),
+        ("openspiel:first_sealed_auction", GameKind(GENERAL_SUM)),
+        ("openspiel:hanabi(players=2, colors=1, ranks=2, hand_size=2)", GameKind(COOPERATIVE)),
+    ],
+)
+def test_the_kind_of_a_game_follows_what_it_declares(spec, kind):
+    assert GameKind.of(make_game(spec)) == kind
+
+
+def test_the_primary_figures_follow_the_kind():
+    row = {"wins_rate": 0.4, "draws_rate": 0.1, "losses_rate": 0.5, "mean_return": 0.3, "mbb_per_hand": 300.0}
+    win_loss = {"wins_rate": 0.4, "draws_rate": 0.1, "losses_rate": 0.5}
+    assert primary_figures({**row, "kind": {"name": WIN_LOSS, "big_blind": None}}) == win_loss
+    assert primary_figures({**row, "kind": {"name": PAYOFF, "big_blind": 1.0}}) == {
+        "mean_return": 0.3,
+        "mbb_per_hand": 300.0,
+    }
+    general = {"mean_return": 4.0, "opponent_mean_return": 2.5, "kind": {"name": GENERAL_SUM, "big_blind": None}}
+    assert primary_figures(general) == {"mean_return": 4.0, "opponent_mean_return": 2.5}
+
+
 def test_outcome_stats_count_each_seat_and_the_policys_turns():
     trajectories = [
         _trajectory(("policy", "random"), (1.0, -1.0), [(3, False), (5, True)]),
@@ -70,7 +136,7 @@ def test_outcome_stats_count_each_seat_and_the_policys_turns():
         _trajectory(("random", "policy"), (0.0, 0.0), [(4, False)]),
         _trajectory(("policy", "random"), (-1.0, 1.0), [(2, False)]),
     ]
-    stats = outcome_stats(trajectories, "policy")
+    stats = outcome_stats(trajectories, "policy", GameKind(PAYOFF, 1.0))
     assert (stats["games"], stats["wins"], stats["draws"], stats["losses"]) == (4, 1, 1, 2)
     assert stats["wins_rate"] == 0.25 and stats["losses_rate"] == 0.5
     assert stats["wins_ci95"] == list(wilson_interval(1, 4))
@@ -79,6 +145,137 @@ def test_outcome_stats_count_each_seat_and_the_policys_turns():
     assert stats["turns"] == 5
     assert stats["invalid_move_rate"] == pytest.approx(1 / 5)
     assert stats["mean_response_tokens"] == pytest.approx((3 + 5 + 4 + 4 + 2) / 5)
+    # Its returns 1, -2, 0, -1: mean -0.5, sample variance 5/3, half-width 1.96 * sqrt(5/12) = 1.2652.
+    assert stats["returns"] == [1.0, -2.0, 0.0, -1.0] and stats["outcomes"] == ["wins", "losses", "draws", "losses"]
+    assert stats["mean_return"] == -0.5
+    assert stats["mean_return_ci95"] == pytest.approx([-1.765151, 0.765151], abs=1e-6)
+    assert stats["mbb_per_hand"] == -500.0 and stats["mbb_per_hand_ci95"] == pytest.approx([-1765.151, 765.151])
+    # Seat 0 won 1 and lost 1 (variance 2, half-width 1.96); seat 1 lost 2 and drew.
+    assert stats["seats"]["0"]["mean_return"] == 0.0 and stats["seats"]["1"]["mean_return"] == -1.0
+    assert stats["seats"]["1"]["mean_return_ci95"] == pytest.approx([-1 - 1.959964, -1 + 1.959964])
+
+
+def test_general_sum_games_report_each_sides_return_and_no_wins():
+    trajectories = [
+        _trajectory(("policy", "random"), (3.0, 1.0)),
+        _trajectory(("random", "policy"), (2.0, 5.0)),
+    ]
+    stats = outcome_stats(trajectories, "policy", GameKind(GENERAL_SUM))
+    assert stats["mean_return"] == 4.0 and stats["opponent_mean_return"] == 1.5
+    assert not {"wins", "wins_rate", "draws_rate", "losses_rate"} & set(stats)
+    assert not {"wins", "wins_rate"} & set(stats["seats"]["0"])
+
+
+def test_truncated_games_count_in_mean_returns_and_in_no_win_draw_or_loss():
+    trajectories = [
+        _trajectory(("policy", "random"), (1.0, -1.0)),
+        _trajectory(("random", "policy"), (0.0, 0.0), end_reason="turn_cap"),
+        _trajectory(("policy", "random"), (0.5, -0.5), end_reason="turn_cap"),  # ahead when stopped: no win
+        _trajectory(("random", "policy"), (0.0, 0.0)),
+    ]
+    stats = outcome_stats(trajectories, "policy", GameKind(WIN_LOSS))
+    assert [stats[o] for o in ("wins", "draws", "losses", "truncated")] == [1, 1, 0, 2]
+    assert stats["truncated_rate"] == 0.5 and stats["truncated_ci95"] == list(wilson_interval(2, 4))
+    assert stats["mean_return"] == pytest.approx(1.5 / 4)  # the truncated games' returns count
+    assert stats["outcomes"] == ["wins", "truncated", "truncated", "draws"]
+    assert stats["seats"]["0"]["truncated"] == 1 and stats["seats"]["1"]["truncated"] == 1
+    assert primary_figures(stats) == {"wins_rate": 0.25, "draws_rate": 0.25, "losses_rate": 0.0}
+
+
+def test_cooperative_games_report_the_team_score_and_no_wins():
+    trajectories = [
+        _trajectory(("policy", "random"), (3.0, 3.0)),
+        _trajectory(("random", "policy"), (1.0, 1.0), end_reason="turn_cap"),
+    ]
+    stats = outcome_stats(trajectories, "policy", GameKind(COOPERATIVE))
+    assert stats["mean_return"] == 2.0 and stats["truncated"] == 1
+    assert not {"wins", "draws_rate", "losses", "opponent_mean_return"} & set(stats)
+    assert primary_figures(stats) == {"mean_return": 2.0}
+    assert GameKind(COOPERATIVE).score(3.0, "draws") == 3.0 and not GameKind(COOPERATIVE).has_winners
+
+
+def test_a_truncated_win_lose_game_leaves_its_pair_out_of_paired_differences():
+    board = GameKind(WIN_LOSS)
+    matches = [
+        _row("base", "tictactoe", "random", board, [1, -1, 0, -1], [-1, 1, 0, 1], truncated={2}),
+        # Win, win (truncated: no score), draw, win: the differences of games 0, 3 are 0 and 1.
+        _row("new", "tictactoe", "random", board, [1, 1, 0, 1], [-1, -1, 0, -1], truncated={1}),
+    ]
+    row = paired_comparison(matches, "base")["differences"][0]
+    assert row["games"] == 2 and row["difference"] == 0.5
+
+
+def _row(candidate, game, opponent, kind, returns, opponent_returns, truncated=()):
+    """A row of `outcome_stats` as paired comparisons read it; the games numbered in `truncated`
+    were stopped by a turn cap."""
+    outcomes = [seat_outcome(pair, 0) for pair in zip(returns, opponent_returns)]
+    return {
+        "candidate": candidate,
+        "step": None,
+        "game": game,
+        "opponent": opponent,
+        "kind": {"name": kind.name, "big_blind": kind.big_blind},
+        "returns": returns,
+        "outcomes": ["truncated" if i in truncated else o for i, o in enumerate(outcomes)],
+    }
+
+
+def test_paired_differences_on_constructed_results():
+    poker, board = GameKind(PAYOFF, 1.0), GameKind(WIN_LOSS)
+    matches = [
+        _row("base", "kuhn_poker", "random", poker, [1, -1, 2, -2], [-1, 1, -2, 2]),
+        _row("base", "kuhn_poker", "nash", poker, [-1, -1, 1, -2], [1, 1, -1, 2]),
+        # Win, loss, draw, loss: scores 1, 0, 1/2, 0.
+        _row("base", "tictactoe", "random", board, [1, -1, 0, -1], [-1, 1, 0, 1]),
+        _row("new", "kuhn_poker", "random", poker, [2, -1, 2, -1], [-2, 1, -2, 1]),
+        _row("new", "kuhn_poker", "nash", poker, [0, 0, 2, 0], [0, 0, -2, 0]),
+        # Win, win, draw, forfeit (a loss): scores 1, 1, 1/2, 0.
+        _row("new", "tictactoe", "random", board, [1, 1, 0, -1.5], [-1, -1, 0, 0.5]),
+    ]
+    comparison = paired_comparison(matches, "base")
+    rows = {(r["game"], r["opponent"]): r for r in comparison["differences"] + comparison["per_game"]}
+    assert len(rows) == 5 and all(r["candidate"] == "new" for r in rows.values())
+    # Differences 1, 0, 0, 1: mean 0.5, variance 1/3, half-width 1.96 * sqrt(1/12) = 0.5658: not significant.
+    random = rows["kuhn_poker", "random"]
+    assert random["difference"] == 0.5 and random["verdict"] == "indistinguishable"
+    assert random["difference_ci95"] == pytest.approx([-0.065792, 1.065792], abs=1e-6)
+    assert random["mbb_per_hand"] == 500.0 and random["mbb_per_hand_ci95"][1] == pytest.approx(1065.792, abs=1e-3)
+    # Differences 1, 1, 1, 2: mean 1.25, variance 1/4, half-width 1.96 / 4 = 0.49: significantly better.
+    nash = rows["kuhn_poker", "nash"]
+    assert nash["difference"] == 1.25 and nash["verdict"] == "better"
+    assert nash["difference_ci95"] == pytest.approx([0.760009, 1.739991], abs=1e-6)
+    # Both opponents pooled: 1, 0, 0, 1, 1, 1, 1, 2: mean 0.875, variance 2.875 / 7, half-width 0.4441.
+    pooled = rows["kuhn_poker", "all"]
+    assert pooled["games"] == 8 and pooled["difference"] == 0.875 and pooled["verdict"] == "better"
+    assert pooled["difference_ci95"] == pytest.approx([0.430907, 1.319093], abs=1e-6)
+    # Score differences 0, 1, 0, 0: mean 0.25, variance 1/4, half-width 0.49: not significant.
+    board_row = rows["tictactoe", "random"]
+    assert board_row["difference"] == 0.25 and board_row["difference_ci95"] == pytest.approx([-0.24, 0.74], abs=1e-5)
+    assert "mbb_per_hand" not in board_row and board_row["verdict"] == "indistinguishable"
+    assert comparison["summary"] == {"new": {"better": 1, "worse": 0, "indistinguishable": 1}}
+    assert summary_line("new", comparison["summary"]["new"], "base").startswith(
+        "new against base: significantly better on 1, worse on 0, indistinguishable on 1 of 2 games"
+    )
+
+
+def test_a_baseline_that_is_no_candidate_is_refused_before_any_game():
+    candidates = [Candidate("a", "model-a"), Candidate("b", "model-b")]
+    with pytest.raises(UserError, match="--baseline 'c' is none of the candidates; give one of: a, b"):
+        evaluate(candidates, EvalSettings(games=("kuhn_poker",), baseline="c"), progress=False)
+
+
+def test_a_seed_deals_the_same_cards_however_the_players_play():
+    """What paired comparisons rest on: Leduc Hold'em's public card, drawn after the first
+    betting round, is the same for the same seed whichever moves led there."""
+    boards = []
+    for moves in (["check", "check"], ["raise", "call"], ["check", "raise", "call"]):
+        game = make_game("leduc_holdem")
+        game.reset(np.random.default_rng(11))
+        for move in moves:
+            game.apply(move)
+        history = game.state.history()
+        boards.append((history[:2], history[2 + len(moves)]))
+    assert boards[0] == boards[1] == boards[2]
 
 
 def test_elo_orders_players_by_results():
@@ -139,17 +336,22 @@ def test_training_logs_evaluations_to_tensorboard(trained_run):
     events = EventAccumulator(str(RunDir(trained_run).tensorboard))
     events.Reload()
     for tag in (
-        "eval/kuhn_poker/random/wins_rate",
+        "eval/kuhn_poker/random/mean_return",
+        "eval/kuhn_poker/random/mbb_per_hand",
         "eval/kuhn_poker/nash/invalid_move_rate",
         "eval/kuhn_poker/exploitability",
     ):
         assert [e.step for e in events.Scalars(tag)] == [1, 2], tag
-    assert all(0.0 <= e.value <= 1.0 for e in events.Scalars("eval/kuhn_poker/random/wins_rate"))
+    # Kuhn Poker is judged by chips: its win rates are not its primary figures.
+    assert "eval/kuhn_poker/random/wins_rate" not in events.Tags()["scalars"]
+    assert all(-2.0 <= e.value <= 2.0 for e in events.Scalars("eval/kuhn_poker/random/mean_return"))
 
 
 def test_train_command_prints_the_last_steps_evaluation(training):
     _, printed = training
-    assert 0.0 <= printed["eval/kuhn_poker/random/losses_rate"] <= 1.0
+    assert printed["eval/kuhn_poker/random/mbb_per_hand"] == pytest.approx(
+        1000 * printed["eval/kuhn_poker/random/mean_return"], abs=0.1
+    )
     assert 0.0 <= printed["eval/kuhn_poker/exploitability"] <= 1.0
     assert "reward/mean" in printed
 
@@ -204,18 +406,44 @@ def test_a_tiny_suite_evaluates_end_to_end_and_repeats_exactly(trained_run, tmp_
     ]
     assert [(s["game"], s["opponent"]) for s in first["skipped"]] == [("tictactoe", "nash")]
     for row in first["matches"]:
-        assert row["games"] == 6 and row["wins"] + row["draws"] + row["losses"] == 6
+        # Both games end within their own maximum length, the default turn cap: none is truncated.
+        assert row["games"] == 6 and row["wins"] + row["draws"] + row["losses"] == 6 and row["truncated"] == 0
         assert row["seats"]["0"]["games"] == row["seats"]["1"]["games"] == 3
         assert row["wins_ci95"][0] <= row["wins_rate"] <= row["wins_ci95"][1]
+        assert row["mean_return"] == pytest.approx(sum(row["returns"]) / 6)
+        assert ("mbb_per_hand" in row) == (row["game"] == "kuhn_poker")
+
+    # Step 2 against step 1 (the first candidate), game by game: the mean of the paired
+    # differences is the difference of the means, of returns in Kuhn Poker and of scores
+    # (win 1, draw 1/2) in TicTacToe.
+    comparison = first["comparison"]
+    assert comparison["baseline"] == "run/step-000001"
+    rows = {(m["candidate"][-1], m["game"], m["opponent"]): m for m in first["matches"]}
+    for diff in comparison["differences"]:
+        new, base = (rows[step, diff["game"], diff["opponent"]] for step in ("2", "1"))
+        if diff["game"] == "kuhn_poker":
+            expected = new["mean_return"] - base["mean_return"]
+        else:
+            expected = new["wins_rate"] + new["draws_rate"] / 2 - base["wins_rate"] - base["draws_rate"] / 2
+        assert diff["candidate"] == "run/step-000002" and diff["difference"] == pytest.approx(expected)
+    assert [(r["game"], r["games"]) for r in comparison["per_game"]] == [("kuhn_poker", 12), ("tictactoe", 6)]
+    assert sum(comparison["summary"]["run/step-000002"].values()) == 2
+
     table = first["round_robin"]["kuhn_poker"]
     assert table["steps"] == [1, 2] and len(table["elo"]) == 2
     assert table["wins"][0][1] + table["wins"][1][0] + table["draws"][0][1] == 6
+    assert table["mean_returns"][0][0] is None and -2.0 <= table["mean_returns"][0][1] <= 2.0
     assert [(r["step"], r["game"]) for r in first["exploitability"]] == [(1, "kuhn_poker"), (2, "kuhn_poker")]
     assert all(0.0 <= r["exploitability"] <= 3.0 for r in first["exploitability"])
 
     report = (outputs[0] / "report.md").read_text()
-    for plot in ("win_rate.png", "elo.png", "exploitability.png"):
+    for plot in ("primary.png", "elo.png", "exploitability.png"):
         assert (outputs[0] / plot).read_bytes().startswith(b"\x89PNG")
         assert f"]({plot})" in report
     assert "Not played: tictactoe against nash" in report
-    assert "run/step-000002 | 2 | kuhn_poker | nash | 6 |" in report
+    assert "### kuhn_poker: judged by mean return per game" in report
+    assert "| games | mean return | seat 0 | seat 1 | mbb/hand | win | draw | loss | truncated |" in report
+    assert "| checkpoint | step | opponent | games | win | draw | loss | truncated | mean return |" in report
+    assert "run/step-000002 | 2 | nash | 6 |" in report
+    assert "## Compared with run/step-000001" in report
+    assert "run/step-000002 against run/step-000001: significantly better on" in report

@@ -1,0 +1,92 @@
+"""Paired comparison of candidates with a baseline candidate.
+
+Every candidate plays the same games against a fixed opponent: the same deals (the game's seed
+draws every chance outcome), the same seats and the same opponent seeds (`match_seeds`). The
+difference between a candidate's score and the baseline's in one such game is free of the
+deal's luck, so the mean of these paired differences has a far narrower interval than the
+difference of two separately estimated means.
+
+The score of a game follows its kind (`GameKind.score`): 1, 1/2 or 0 for a win, draw or loss in a
+win-lose game, the return otherwise (chips in poker, also given in milli-big-blinds per hand). A
+win-lose game stopped by a turn cap has no score: its pair is left out.
+A difference is significant when its 95% interval leaves out 0; no correction is made for the
+number of comparisons. Per game, the differences against every opponent are pooled into one
+verdict (the mean over opponents when each plays the same number of games; the pooled spread
+includes how the opponents differ, which only widens the interval).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from selfplay.evaluation.game_kinds import GameKind, mbb_per_hand
+from selfplay.evaluation.scoreboard import mean_interval
+
+ALL_OPPONENTS = "all"
+VERDICTS = ("better", "worse", "indistinguishable")
+
+
+def paired_differences(candidate: dict, baseline: dict) -> list[float]:
+    """Per game, the candidate's score minus the baseline's, from two rows of `outcome_stats`
+    of the same game and opponent (their games in the same, seed order); a game that either
+    one's truncation left without a score (`GameKind.score`) is left out."""
+    if len(candidate["returns"]) != len(baseline["returns"]):
+        raise ValueError("paired rows must hold the same games")
+    kind = GameKind(**candidate["kind"])
+    scores = [
+        (kind.score(mine, outcome), kind.score(base, base_outcome))
+        for mine, outcome, base, base_outcome in zip(
+            candidate["returns"], candidate["outcomes"], baseline["returns"], baseline["outcomes"]
+        )
+    ]
+    return [mine - base for mine, base in scores if mine is not None and base is not None]
+
+
+def difference_row(differences: Sequence[float], kind: GameKind) -> dict:
+    """The mean of paired differences, its 95% interval, and the verdict it supports."""
+    mean, ci = mean_interval(differences)
+    verdict = "indistinguishable" if ci is None or ci[0] <= 0.0 <= ci[1] else "better" if mean > 0 else "worse"
+    row = {"games": len(differences), "difference": mean, "difference_ci95": ci, "verdict": verdict}
+    if kind.big_blind is not None:
+        row["mbb_per_hand"] = mbb_per_hand(mean, kind.big_blind)
+        row["mbb_per_hand_ci95"] = None if ci is None else [mbb_per_hand(x, kind.big_blind) for x in ci]
+    return row
+
+
+def paired_comparison(matches: Sequence[dict], baseline: str) -> dict:
+    """Each candidate other than `baseline` against it, from the rows of `play_opponents`
+    (with `candidate` and `step`): a row per game and opponent, and per game one pooled over
+    its opponents (opponent `ALL_OPPONENTS`); and per candidate the number of games on which it
+    is significantly better, worse, or indistinguishable, by the pooled rows."""
+    base = {(m["game"], m["opponent"]): m for m in matches if m["candidate"] == baseline}
+    rows: list[dict] = []
+    pooled: dict[tuple[str, str], list[float]] = {}
+    for match in matches:
+        if match["candidate"] == baseline:
+            continue
+        differences = paired_differences(match, base[match["game"], match["opponent"]])
+        keys = {k: match[k] for k in ("candidate", "step", "game", "opponent")}
+        rows.append(keys | difference_row(differences, GameKind(**match["kind"])))
+        pooled.setdefault((match["candidate"], match["game"]), []).extend(differences)
+    steps = {m["candidate"]: m["step"] for m in matches}
+    kinds = {m["game"]: GameKind(**m["kind"]) for m in matches}
+    games = [
+        {"candidate": name, "step": steps[name], "game": game, "opponent": ALL_OPPONENTS}
+        | difference_row(differences, kinds[game])
+        for (name, game), differences in pooled.items()
+    ]
+    summary = {}
+    for row in games:
+        counts = summary.setdefault(row["candidate"], dict.fromkeys(VERDICTS, 0))
+        counts[row["verdict"]] += 1
+    return {"baseline": baseline, "differences": rows, "per_game": games, "summary": summary}
+
+
+def summary_line(candidate: str, counts: dict[str, int], baseline: str) -> str:
+    """One line: on how many games `candidate` is significantly better than `baseline`, worse,
+    or indistinguishable from it (SPIRAL's and MARS's transfer figure, on a held-out suite)."""
+    return (
+        f"{candidate} against {baseline}: significantly better on {counts['better']}, worse on "
+        f"{counts['worse']}, indistinguishable on {counts['indistinguishable']} of {sum(counts.values())} games "
+        "(95% paired intervals, every opponent's games pooled per game)."
+    )
