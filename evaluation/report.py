@@ -106,7 +106,7 @@ def _markdown(results: dict, plots: list[tuple[str, str]]) -> str:
         "# Evaluation report",
         "",
         f"Games: {', '.join(settings['games'])}. Opponents: {', '.join(settings['opponents'])}. "
-        f"{settings['episodes']} games per pairing, seats alternating, seed {settings['seed']}, "
+        f"{settings['episodes']} games per pairing, the checkpoint taking each seat in turn, seed {settings['seed']}, "
         f"sampling temperature {settings['rollout']['sampling']['temperature']}. Intervals are 95%: "
         "Wilson intervals for rates, normal intervals for means.",
         "",
@@ -122,6 +122,8 @@ def _markdown(results: dict, plots: list[tuple[str, str]]) -> str:
         lines += ["", *_comparison(results["comparison"])]
     for game, table in results["round_robin"].items():
         lines += ["", f"## Round robin: {game}", "", *_round_robin(table)]
+    for skip in results["round_robin_skipped"]:
+        lines.append(f"\nNo round robin: {skip['game']} ({skip['reason']})")
     if results["exploitability"]:
         lines += ["", "## Exact exploitability", "", "| checkpoint | game | exploitability |", "|---|---|---|"]
         lines += [f"| {r['candidate']} | {r['game']} | {r['exploitability']:.4f} |" for r in results["exploitability"]]

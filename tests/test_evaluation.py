@@ -22,6 +22,7 @@ from selfplay.evaluation.evaluate import (
     find_candidates,
     load_suite,
     outcome_stats,
+    pairing_matches,
     plan_pairings,
 )
 from selfplay.evaluation.game_kinds import (
@@ -203,6 +204,40 @@ def test_a_truncated_win_lose_game_leaves_its_pair_out_of_paired_differences():
     ]
     row = paired_comparison(matches, "base")["differences"][0]
     assert row["games"] == 2 and row["difference"] == 0.5
+
+
+def test_against_fixed_opponents_the_candidate_takes_each_of_three_seats_in_turn():
+    matches = pairing_matches("openspiel:kuhn_poker(players=3)", "policy", "random", [5, 6, 7, 8], seats=3)
+    assert [m.players for m in matches] == [
+        ("policy", "random", "random"),
+        ("random", "policy", "random"),
+        ("random", "random", "policy"),
+        ("policy", "random", "random"),
+    ]
+    assert [m.seed for m in matches] == [5, 6, 7, 8]
+    # Two seats: alternating, as the round robin pairs two checkpoints.
+    assert [m.players for m in pairing_matches("tictactoe", "a", "b", [1, 2])] == [("a", "b"), ("b", "a")]
+
+
+def test_three_player_outcomes_are_rank_based_and_returns_are_per_seat():
+    trajectories = [
+        _trajectory(("policy", "random", "random"), (2.0, -1.0, -1.0)),  # highest alone: a win
+        _trajectory(("random", "policy", "random"), (1.0, 1.0, -2.0)),  # tied for the highest: a draw
+        _trajectory(("random", "random", "policy"), (2.0, -1.0, -1.0)),  # another seat higher: a loss
+        _trajectory(("policy", "random", "random"), (-1.0, 2.0, -1.0), end_reason="turn_cap"),  # truncated
+    ]
+    stats = outcome_stats(trajectories, "policy", GameKind(PAYOFF, 1.0))
+    assert [stats[o] for o in ("wins", "draws", "losses", "truncated")] == [1, 1, 1, 1]
+    assert stats["outcomes"] == ["wins", "draws", "losses", "truncated"]
+    # Returns 2, 1, -1, -1: mean 0.25, sample variance 6.75 / 3 = 2.25, half-width 1.96 * 1.5 / 2 = 1.469973.
+    assert stats["mean_return"] == 0.25 and stats["mbb_per_hand"] == 250.0
+    assert stats["mean_return_ci95"] == pytest.approx([-1.219973, 1.719973], abs=1e-6)
+    seats = stats["seats"]
+    assert sorted(seats) == ["0", "1", "2"] and [seats[s]["games"] for s in "012"] == [2, 1, 1]
+    assert [seats[s]["mean_return"] for s in "012"] == [0.5, 1.0, -1.0]
+    assert (seats["0"]["wins"], seats["0"]["truncated"], seats["1"]["draws"], seats["2"]["losses"]) == (1, 1, 1, 1)
+    # In a general-sum game, the other seats' mean return per game: -1, -0.5, 0.5, 0.5.
+    assert outcome_stats(trajectories, "policy", GameKind(GENERAL_SUM))["opponent_mean_return"] == -0.125
 
 
 def _row(candidate, game, opponent, kind, returns, opponent_returns, truncated=()):
@@ -447,3 +482,30 @@ def test_a_tiny_suite_evaluates_end_to_end_and_repeats_exactly(trained_run, tmp_
     assert "run/step-000002 | 2 | nash | 6 |" in report
     assert "## Compared with run/step-000001" in report
     assert "run/step-000002 against run/step-000001: significantly better on" in report
+
+
+def test_a_three_player_game_evaluates_end_to_end_with_paired_comparison(tiny_model_dir, tmp_path):
+    """Two copies of the tiny model meet the same deals in the same seats, so every paired
+    difference is 0; the round robin, which pairs two checkpoints, is left out with its reason."""
+    copy = shutil.copytree(tiny_model_dir, tmp_path / "copy")
+    game, out = "openspiel:kuhn_poker(players=3)", tmp_path / "eval"
+    argv = ["eval", "--checkpoints", str(tiny_model_dir), str(copy), "--games", game, "--episodes", "3"]
+    argv += ["--opponents", "random,nash", "--decoding", "legal", "--max-new-tokens", "4", "--seed", "3"]
+    assert main([*argv, "--no-exploitability", "--no-progress", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert [(s["game"], s["opponent"]) for s in results["skipped"]] == [(game, "nash")]  # two-player only
+    first, second = results["matches"]
+    assert first["opponent"] == second["opponent"] == "random"
+    for row in (first, second):
+        assert row["games"] == 3 and row["wins"] + row["draws"] + row["losses"] + row["truncated"] == 3
+        assert {seat: figures["games"] for seat, figures in row["seats"].items()} == {"0": 1, "1": 1, "2": 1}
+    assert first["returns"] == second["returns"] and first["outcomes"] == second["outcomes"]
+    (difference,) = results["comparison"]["differences"]
+    assert difference["difference"] == 0.0 and difference["verdict"] == "indistinguishable"
+    assert results["round_robin"] == {}
+    assert results["round_robin_skipped"] == [
+        {"game": game, "reason": "3 players: the round robin pairs two checkpoints in a two-player game"}
+    ]
+    report = (out / "report.md").read_text()
+    assert "| mean return | seat 0 | seat 1 | seat 2 | mbb/hand | win | draw | loss | truncated |" in report
+    assert f"No round robin: {game} (3 players" in report
