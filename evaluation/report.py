@@ -63,9 +63,11 @@ def _plots(results: dict, out: Path) -> list[tuple[str, str]]:
             if figure == "win rate":
                 ax.set_ylim(-0.02, 1.02)
         plots.append(_save(fig, out / "primary.png", "Each game's primary figure by checkpoint, per opponent"))
-    if results["round_robin"]:
+    # Elo only where games are won and lost: in general-sum and cooperative games it measures nothing.
+    rated = {game: t for game, t in results["round_robin"].items() if GameKind(**t["kind"]).has_winners}
+    if rated:
         fig, ax = plt.subplots(figsize=(5.5, 3.6))
-        for game, table in results["round_robin"].items():
+        for game, table in rated.items():
             rows = [{"candidate": n, "step": s} for n, s in zip(table["players"], table["steps"])]
             x, label = _x_axis(rows, names)
             ax.plot(x, table["elo"], marker="o", label=game)
