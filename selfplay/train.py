@@ -147,6 +147,7 @@ def rollout_metrics(trajectories: Sequence[Trajectory], label: str = MAIN) -> di
     returns: dict[str, list[float]] = defaultdict(list)
     outcomes: dict[str, Counter] = defaultdict(Counter)
     turns = [t for trajectory in trajectories for t in trajectory.turns if t.agent == label]
+    cooperative = {game: is_cooperative(game) for game in {t.result.game for t in trajectories}}
     for trajectory in trajectories:
         result = trajectory.result
         for seat, player in enumerate(result.players):
@@ -154,7 +155,7 @@ def rollout_metrics(trajectories: Sequence[Trajectory], label: str = MAIN) -> di
                 continue
             returns[f"return/{result.game}/{roles_of(result.game)[seat]}"].append(result.rewards[seat])
             opponents = sorted({p for p in result.players if p != label})
-            if is_cooperative(result.game):  # one shared score: no wins or losses
+            if cooperative[result.game]:  # one shared score: no wins or losses
                 returns[f"team_score/{result.game}"].append(result.rewards[seat])
             elif opponents:
                 outcomes[f"{result.game}/{'+'.join(opponents)}"][game_outcome(result, seat)] += 1
