@@ -1,15 +1,19 @@
 """`selfplay eval`: how checkpoints play games against fixed opponents and against each other.
 
 For each checkpoint (every checkpoint of a run directory, or any model), each game and each
-opponent, the checkpoint plays `episodes` games, alternating seats: its mean return per game
-(the game's own payoff: chips, points) with a 95% interval, in milli-big-blinds per hand too in
-poker, and its wins, draws and losses with 95% Wilson intervals (none in a general-sum game),
-per seat and overall, the invalid-move rate and the mean response length. Which of these
-judges play in a game follows its kind (`game_kinds`). Each checkpoint's difference from a
-baseline checkpoint is measured game by game on the same deals (`paired`). Then, optionally, a
-round robin between the checkpoints in each two-player game, with its mean return matrix and
-Elo fitted by OpenSpiel, and the exact exploitability of each checkpoint where the game is
-small enough (Kuhn Poker, Leduc Hold'em).
+opponent, the checkpoint plays `episodes` games, taking each seat in turn with the opponent in
+every other seat (in a game of N players, N - 1 copies of the opponent): its mean return per
+game (the game's own payoff: chips, points) with a 95% interval, in milli-big-blinds per hand
+too in poker, and its wins, draws and losses with 95% Wilson intervals (none in a general-sum
+or cooperative game; a win is the highest return alone, a loss any other seat's higher), per
+seat and overall, the share of games stopped by a turn cap (truncated: neither won, drawn nor
+lost), the invalid-move rate and the mean response length. Which of these judges play in a
+game follows its kind (`game_kinds`). Each checkpoint's difference from a baseline checkpoint
+is measured game by game on the same deals (`paired`). Then, optionally, a round robin
+between the checkpoints in each two-player game, with its mean return matrix and Elo fitted
+by OpenSpiel (games of more players are left out of it, with the reason in the report), and
+the exact exploitability of each checkpoint where the game is small enough (Kuhn Poker,
+Leduc Hold'em).
 
 Every game's seed derives from the evaluation seed, the game and the opponent, so every
 checkpoint meets the same deals; the same seed gives the same figures (timings are kept out
@@ -39,13 +43,14 @@ from selfplay.evaluation.exploitability import SUPPORTED_GAMES
 from selfplay.evaluation.game_kinds import GENERAL_SUM, GameKind, mbb_per_hand
 from selfplay.evaluation.paired import paired_comparison
 from selfplay.evaluation.ratings import fit_elo
-from selfplay.evaluation.scoreboard import mean_interval, seat_outcome, wilson_interval
+from selfplay.evaluation.scoreboard import game_outcome, mean_interval, wilson_interval
 from selfplay.games import make_game
 from selfplay.records import Trajectory
 from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
 from selfplay.run_dir import RunDir
 
 POLICY = "policy"  # the label of the evaluated model in its games against fixed opponents
+OUTCOMES = ("wins", "draws", "losses", "truncated")
 
 
 @dataclass(frozen=True)
@@ -172,64 +177,62 @@ def match_seeds(seed: int, game: str, opponent: str, episodes: int) -> list[int]
     return np.random.SeedSequence(key).generate_state(episodes).tolist()
 
 
-def require_two_players(game: str):
-    """The game's twin, if it has two seats (evaluation pairs two players)."""
-    twin = make_game(game)
-    if twin.num_players != 2:
-        raise UserError(f"Evaluation pairs two players; '{game}' has {twin.num_players} seats.")
-    return twin
-
-
-def pairing_matches(game: str, first: str, second: str, seeds: Sequence[int]) -> list[MatchSpec]:
-    """Matches of a two-seat game (`plan_pairings` checks) between `first` and `second`,
-    alternating seats."""
-    return [MatchSpec(game, (first, second) if i % 2 == 0 else (second, first), s) for i, s in enumerate(seeds)]
+def pairing_matches(game: str, first: str, second: str, seeds: Sequence[int], seats: int = 2) -> list[MatchSpec]:
+    """Matches of a game of `seats` seats between `first` and `second`, one a seed: `first`
+    takes each seat in turn (seat i % `seats` in the i-th game), `second` every other seat."""
+    return [
+        MatchSpec(game, tuple(first if seat == i % seats else second for seat in range(seats)), s)
+        for i, s in enumerate(seeds)
+    ]
 
 
 def outcome_stats(trajectories: Iterable[Trajectory], label: str, kind: GameKind) -> dict:
     """The figures of `label` over its games, overall and per seat: its mean return with a 95%
-    interval (and in milli-big-blinds per hand in poker), and its wins, draws and losses
-    (`seat_outcome`) with Wilson intervals, or, in a general-sum game, which nobody wins, its
-    opponent's mean return instead; its invalid-move rate over its turns and its mean response
-    length in tokens. `returns` and `opponent_returns` keep each game's returns in the order of
-    `trajectories`, which paired comparisons rely on (`play_opponents` gives the match order).
-    A game ended by an invalid move counts with the returns that `InvalidMovePolicy` gave it."""
-    games: list[tuple[int, float, float]] = []  # (seat, its return, its opponent's return) per game
+    interval (and in milli-big-blinds per hand in poker); in a zero-sum game its wins, draws and
+    losses (`game_outcome`) with Wilson intervals, or, in a general-sum game, which nobody wins,
+    the other seats' mean return instead; in every kind its truncated games (stopped by a turn
+    cap: neither won, drawn nor lost, their returns counted in the means), its invalid-move rate
+    over its turns and its mean response length in tokens. `returns` and `outcomes` keep each
+    game's in the order of `trajectories`, which paired comparisons rely on (`play_opponents`
+    gives the match order). A game ended by an invalid move counts with the returns that
+    `InvalidMovePolicy` gave it."""
+    games: list[tuple[int, float, float, str]] = []  # (seat, its return, the others' mean, outcome) per game
     turns = invalid = tokens = 0
     for trajectory in trajectories:
         result = trajectory.result
         seat = result.players.index(label)
-        games.append((seat, result.rewards[seat], result.rewards[1 - seat]))
+        others = [r for s, r in enumerate(result.rewards) if s != seat]
+        games.append((seat, result.rewards[seat], sum(others) / len(others), game_outcome(result, seat)))
         mine = [t for t in trajectory.turns if t.agent == label]
         turns += len(mine)
         invalid += sum(t.invalid for t in mine)
         tokens += sum(len(t.response_ids) for t in mine)
-    seats = sorted({seat for seat, _, _ in games})
+    seats = sorted({seat for seat, *_ in games})
     return {
         "kind": asdict(kind),
-        **_figures([(m, t) for _, m, t in games], kind),
-        "seats": {str(seat): _figures([(m, t) for s, m, t in games if s == seat], kind) for seat in seats},
-        "returns": [m for _, m, _ in games],
-        "opponent_returns": [t for _, _, t in games],
+        **_figures([figures for _, *figures in games], kind),
+        "seats": {str(seat): _figures([figures for s, *figures in games if s == seat], kind) for seat in seats},
+        "returns": [m for _, m, _, _ in games],
+        "outcomes": [o for *_, o in games],
         "turns": turns,
         "invalid_move_rate": invalid / turns if turns else 0.0,
         "mean_response_tokens": tokens / turns if turns else 0.0,
     }
 
 
-def _figures(games: list[tuple[float, float]], kind: GameKind) -> dict:
-    """`outcome_stats`' figures of some games, each given as (its return, its opponent's)."""
+def _figures(games: list[tuple[float, float, str]], kind: GameKind) -> dict:
+    """`outcome_stats`' figures of some games, each given as (its return, the other seats' mean
+    return, its `game_outcome`)."""
     out: dict = {"games": len(games)}
-    out["mean_return"], out["mean_return_ci95"] = mean_interval([mine for mine, _ in games])
+    out["mean_return"], out["mean_return_ci95"] = mean_interval([mine for mine, _, _ in games])
     if kind.big_blind is not None:
         ci = out["mean_return_ci95"]
         out["mbb_per_hand"] = mbb_per_hand(out["mean_return"], kind.big_blind)
         out["mbb_per_hand_ci95"] = None if ci is None else [mbb_per_hand(x, kind.big_blind) for x in ci]
     if kind.name == GENERAL_SUM:
-        out["opponent_mean_return"], out["opponent_mean_return_ci95"] = mean_interval([t for _, t in games])
-        return out
-    outcomes = [seat_outcome(pair, 0) for pair in games]
-    for outcome in ("wins", "draws", "losses"):
+        out["opponent_mean_return"], out["opponent_mean_return_ci95"] = mean_interval([t for _, t, _ in games])
+    outcomes = [outcome for _, _, outcome in games]
+    for outcome in OUTCOMES if kind.has_winners else ("truncated",):
         count = outcomes.count(outcome)
         out[outcome] = count
         out[f"{outcome}_rate"] = count / len(games) if games else 0.0
@@ -240,13 +243,13 @@ def _figures(games: list[tuple[float, float]], kind: GameKind) -> dict:
 def plan_pairings(games: Sequence[str], opponents: Sequence[str]) -> tuple[dict[str, list[str]], list[dict]]:
     """The opponents each game can seat, and the (game, opponent, reason) left out because the
     opponent does not apply to the game (`nash` needs hidden information, for instance).
-    Unknown games and agent specs, and games without two seats, raise UserError."""
+    Unknown games and agent specs raise UserError."""
     from selfplay.agents import IncompatibleAgentError, make_agent
 
     pairings: dict[str, list[str]] = {}
     skipped = []
     for game in games:
-        twin = require_two_players(game)
+        twin = make_game(game)
         pairings[game] = []
         for opponent in opponents:
             try:
@@ -266,26 +269,28 @@ def play_opponents(
     rollout: RolloutSettings,
     on_game: Callable[[], None] = lambda: None,
 ) -> list[dict]:
-    """`policy` against each opponent of each game (`plan_pairings`); one row of
-    `outcome_stats` per (game, opponent), its games in the order of their seeds
-    (`match_seeds`), the same deals for every policy. `on_game` is called as each game finishes.
+    """`policy` against each opponent of each game (`plan_pairings`), taking each seat in turn
+    with the opponent in every other seat (`pairing_matches`); one row of `outcome_stats` per
+    (game, opponent), its games in the order of their seeds (`match_seeds`), the same deals and
+    seats for every policy. `on_game` is called as each game finishes.
 
     Each pairing runs in a rollout engine of its own: a batch shares one sampling seed, so
     games sharing batches share their luck, and one pairing's figures stay the same whatever
     else is evaluated beside it."""
     rows = []
     rollout = replace(rollout, sampling=replace(rollout.sampling, seed=seed))
-    kinds = {game: GameKind.of(make_game(game)) for game in pairings}
     for game, opponents in pairings.items():
+        twin = make_game(game)
         for opponent in opponents:
-            matches = pairing_matches(game, POLICY, opponent, match_seeds(seed, game, opponent, episodes))
+            seeds = match_seeds(seed, game, opponent, episodes)
+            matches = pairing_matches(game, POLICY, opponent, seeds, twin.num_players)
             order = {(m.seed, m.players): i for i, m in enumerate(matches)}
             trajectories = []
             for trajectory in RolloutEngine({POLICY: policy, opponent: opponent}, rollout).run(matches):
                 trajectories.append(trajectory)
                 on_game()
             trajectories.sort(key=lambda t: order[t.result.seed, t.result.players])
-            rows.append({"game": game, "opponent": opponent, **outcome_stats(trajectories, POLICY, kinds[game])})
+            rows.append({"game": game, "opponent": opponent, **outcome_stats(trajectories, POLICY, GameKind.of(twin))})
     return rows
 
 
@@ -305,8 +310,10 @@ def evaluate(candidates: Sequence[Candidate], settings: EvalSettings, progress: 
         raise UserError(f"--baseline '{baseline}' is none of the candidates; give one of: {', '.join(names)}.")
     pairings, skipped = plan_pairings(settings.games, settings.opponents)
     pairs = len(candidates) * (len(candidates) - 1) // 2 if settings.round_robin else 0
+    seats = {game: make_game(game).num_players for game in settings.games}
+    duels = [game for game in settings.games if seats[game] == 2]
     total = len(candidates) * sum(map(len, pairings.values())) * settings.episodes
-    total += pairs * len(settings.games) * settings.episodes
+    total += pairs * len(duels) * settings.episodes
     bar = tqdm(total=total, desc="eval", unit="game", disable=not progress)
     results: dict = {
         "settings": _settings_dict(settings),
@@ -315,6 +322,14 @@ def evaluate(candidates: Sequence[Candidate], settings: EvalSettings, progress: 
         "matches": [],
         "comparison": {},
         "round_robin": {},
+        "round_robin_skipped": [
+            {
+                "game": game,
+                "reason": f"{seats[game]} players: the round robin pairs two checkpoints in a two-player game",
+            }
+            for game in settings.games
+            if pairs and seats[game] != 2
+        ],
         "exploitability": [],
     }
     try:
@@ -335,9 +350,9 @@ def evaluate(candidates: Sequence[Candidate], settings: EvalSettings, progress: 
             results["matches"] += [{"candidate": candidate.name, "step": candidate.step, **row} for row in rows]
         if len(candidates) > 1:
             results["comparison"] = paired_comparison(results["matches"], baseline)
-        if pairs:
+        if pairs and duels:
             bar.set_postfix_str("round robin")
-            results["round_robin"] = round_robin(candidates, settings.games, settings, on_game=lambda: bar.update(1))
+            results["round_robin"] = round_robin(candidates, duels, settings, on_game=lambda: bar.update(1))
     finally:
         bar.close()
     if settings.exploitability:
@@ -356,9 +371,10 @@ def _settings_dict(settings: EvalSettings) -> dict:
 def round_robin(
     candidates: Sequence[Candidate], games: Sequence[str], settings: EvalSettings, on_game: Callable[[], None]
 ) -> dict:
-    """Every pair of candidates plays `episodes` games of each game, alternating seats; per
+    """Every pair of candidates plays `episodes` games of each two-player game, alternating seats; per
     game, the mean return matrix (`mean_returns[i][j]`: i's mean return against j, None on the
-    diagonal), the win and draw matrices and the Elo ratings OpenSpiel fits to them."""
+    diagonal), the matrices of games played, won and drawn (a truncated game is played, but
+    neither won nor drawn) and the Elo ratings OpenSpiel fits to them."""
 
     labels = [c.name for c in candidates]
     index = {label: i for i, label in enumerate(labels)}
@@ -385,12 +401,12 @@ def round_robin(
             returns[result.game][b, a] += result.rewards[1]
             played[result.game][a, b] += 1
             played[result.game][b, a] += 1
-            outcome = seat_outcome(result.rewards, 0)
+            outcome = game_outcome(result, 0)
             if outcome == "wins":
                 wins[result.game][a, b] += 1
             elif outcome == "losses":
                 wins[result.game][b, a] += 1
-            else:
+            elif outcome == "draws":
                 draws[result.game][a, b] += 1
                 draws[result.game][b, a] += 1
             on_game()
@@ -406,6 +422,7 @@ def round_robin(
                 [None if i == j else float(returns[game][i, j] / played[game][i, j]) for j in range(len(labels))]
                 for i in range(len(labels))
             ],
+            "games": played[game].tolist(),
             "wins": wins[game].tolist(),
             "draws": draws[game].tolist(),
             "elo": fit_elo(wins[game], draws[game]),

@@ -7,7 +7,8 @@ deal's luck, so the mean of these paired differences has a far narrower interval
 difference of two separately estimated means.
 
 The score of a game follows its kind (`GameKind.score`): 1, 1/2 or 0 for a win, draw or loss in a
-win-lose game, the return otherwise (chips in poker, also given in milli-big-blinds per hand).
+win-lose game, the return otherwise (chips in poker, also given in milli-big-blinds per hand). A
+win-lose game stopped by a turn cap has no score: its pair is left out.
 A difference is significant when its 95% interval leaves out 0; no correction is made for the
 number of comparisons. Per game, the differences against every opponent are pooled into one
 verdict (the mean over opponents when each plays the same number of games; the pooled spread
@@ -27,16 +28,18 @@ VERDICTS = ("better", "worse", "indistinguishable")
 
 def paired_differences(candidate: dict, baseline: dict) -> list[float]:
     """Per game, the candidate's score minus the baseline's, from two rows of `outcome_stats`
-    of the same game and opponent (their games in the same, seed order)."""
+    of the same game and opponent (their games in the same, seed order); a game that either
+    one's truncation left without a score (`GameKind.score`) is left out."""
     if len(candidate["returns"]) != len(baseline["returns"]):
         raise ValueError("paired rows must hold the same games")
     kind = GameKind(**candidate["kind"])
-    return [
-        kind.score(mine, theirs) - kind.score(base, base_theirs)
-        for mine, theirs, base, base_theirs in zip(
-            candidate["returns"], candidate["opponent_returns"], baseline["returns"], baseline["opponent_returns"]
+    scores = [
+        (kind.score(mine, outcome), kind.score(base, base_outcome))
+        for mine, outcome, base, base_outcome in zip(
+            candidate["returns"], candidate["outcomes"], baseline["returns"], baseline["outcomes"]
         )
     ]
+    return [mine - base for mine, base in scores if mine is not None and base is not None]
 
 
 def difference_row(differences: Sequence[float], kind: GameKind) -> dict:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from selfplay.evaluation.game_kinds import GENERAL_SUM, WIN_LOSS, GameKind, headline
+from selfplay.evaluation.game_kinds import COOPERATIVE, GENERAL_SUM, WIN_LOSS, GameKind, headline
 from selfplay.evaluation.paired import summary_line
 
 RESULTS_FILE = "results.json"
@@ -63,9 +63,11 @@ def _plots(results: dict, out: Path) -> list[tuple[str, str]]:
             if figure == "win rate":
                 ax.set_ylim(-0.02, 1.02)
         plots.append(_save(fig, out / "primary.png", "Each game's primary figure by checkpoint, per opponent"))
-    if results["round_robin"]:
+    # Elo only where games are won and lost: in general-sum and cooperative games it measures nothing.
+    rated = {game: t for game, t in results["round_robin"].items() if GameKind(**t["kind"]).has_winners}
+    if rated:
         fig, ax = plt.subplots(figsize=(5.5, 3.6))
-        for game, table in results["round_robin"].items():
+        for game, table in rated.items():
             rows = [{"candidate": n, "step": s} for n, s in zip(table["players"], table["steps"])]
             x, label = _x_axis(rows, names)
             ax.plot(x, table["elo"], marker="o", label=game)
@@ -106,7 +108,7 @@ def _markdown(results: dict, plots: list[tuple[str, str]]) -> str:
         "# Evaluation report",
         "",
         f"Games: {', '.join(settings['games'])}. Opponents: {', '.join(settings['opponents'])}. "
-        f"{settings['episodes']} games per pairing, seats alternating, seed {settings['seed']}, "
+        f"{settings['episodes']} games per pairing, the checkpoint taking each seat in turn, seed {settings['seed']}, "
         f"sampling temperature {settings['rollout']['sampling']['temperature']}. Intervals are 95%: "
         "Wilson intervals for rates, normal intervals for means.",
         "",
@@ -122,6 +124,8 @@ def _markdown(results: dict, plots: list[tuple[str, str]]) -> str:
         lines += ["", *_comparison(results["comparison"])]
     for game, table in results["round_robin"].items():
         lines += ["", f"## Round robin: {game}", "", *_round_robin(table)]
+    for skip in results["round_robin_skipped"]:
+        lines.append(f"\nNo round robin: {skip['game']} ({skip['reason']})")
     if results["exploitability"]:
         lines += ["", "## Exact exploitability", "", "| checkpoint | game | exploitability |", "|---|---|---|"]
         lines += [f"| {r['candidate']} | {r['game']} | {r['exploitability']:.4f} |" for r in results["exploitability"]]
@@ -132,9 +136,11 @@ def _markdown(results: dict, plots: list[tuple[str, str]]) -> str:
 
 def _kind_words(kind: GameKind) -> str:
     if kind.name == WIN_LOSS:
-        return "judged by wins, draws and losses (win-lose game)"
+        return "judged by wins, draws and losses (win-lose game; truncated: stopped by the turn cap)"
     if kind.name == GENERAL_SUM:
         return "judged by each side's mean return (general-sum game: nobody wins)"
+    if kind.name == COOPERATIVE:
+        return "judged by the team's score, the mean return every seat shares (cooperative game: nobody wins)"
     chips = "chip" if kind.big_blind == 1 else "chips"
     poker = f"; mbb/hand: milli-big-blinds per hand, 1 big blind = {kind.big_blind:g} {chips}" if kind.big_blind else ""
     return f"judged by mean return per game (zero-sum game of chance{poker})"
@@ -142,22 +148,24 @@ def _kind_words(kind: GameKind) -> str:
 
 def _match_table(rows: list[dict], kind: GameKind) -> list[str]:
     """The game's rows against fixed opponents, the primary figure first."""
-    outcomes = ["win", "draw", "loss"] if kind.name != GENERAL_SUM else []
-    returns = ["mean return", "seat 0", "seat 1"] + (["mbb/hand"] if kind.big_blind else [])
+    outcomes = ["win", "draw", "loss"] if kind.has_winners else []
+    seats = sorted({int(seat) for r in rows for seat in r["seats"]})
+    returns = ["mean return", *(f"seat {seat}" for seat in seats)] + (["mbb/hand"] if kind.big_blind else [])
     returns += ["opponent's mean return"] if kind.name == GENERAL_SUM else []
-    figures = outcomes + returns if kind.name == WIN_LOSS else returns + outcomes
+    figures = outcomes + ["truncated"] + returns if kind.name == WIN_LOSS else returns + outcomes + ["truncated"]
     header = ["checkpoint", "step", "opponent", "games", *figures, "invalid moves", "response tokens"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     cells = {
         "win": lambda r: _rate(r, "wins"),
         "draw": lambda r: _rate(r, "draws"),
         "loss": lambda r: _rate(r, "losses"),
+        "truncated": lambda r: _rate(r, "truncated"),
         "mean return": lambda r: _mean(r, "mean_return"),
-        "seat 0": lambda r: _mean(r["seats"]["0"], "mean_return") if "0" in r["seats"] else "",
-        "seat 1": lambda r: _mean(r["seats"]["1"], "mean_return") if "1" in r["seats"] else "",
         "mbb/hand": lambda r: _mean(r, "mbb_per_hand", digits=0),
         "opponent's mean return": lambda r: _mean(r, "opponent_mean_return"),
     }
+    for seat in map(str, seats):
+        cells[f"seat {seat}"] = lambda r, s=seat: _mean(r["seats"][s], "mean_return") if s in r["seats"] else ""
     for r in rows:
         row = [r["candidate"], "" if r["step"] is None else str(r["step"]), r["opponent"], str(r["games"])]
         row += [cells[f](r) for f in figures] + [f"{r['invalid_move_rate']:.3f}", f"{r['mean_response_tokens']:.1f}"]
@@ -194,19 +202,19 @@ def _comparison(comparison: dict) -> list[str]:
 
 
 def _round_robin(table: dict) -> list[str]:
-    """The mean return matrix, and, unless the game is general-sum, wins and Elo."""
+    """The mean return matrix, and, in a game with winners, wins and Elo."""
     names = table["players"]
     lines = ["Mean return of the row's checkpoint against the column's:", ""]
     lines += ["| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for name, returns in zip(names, table["mean_returns"]):
         lines.append(f"| {name} | " + " | ".join("" if x is None else f"{x:+.3f}" for x in returns) + " |")
-    if table["kind"]["name"] == GENERAL_SUM:
+    if not GameKind(**table["kind"]).has_winners:
         return lines
-    lines += ["", "| checkpoint | Elo | wins | draws | games |", "|---|---|---|---|---|"]
+    lines += ["", "| checkpoint | Elo | wins | draws | truncated | games |", "|---|---|---|---|---|---|"]
     for i, name in enumerate(names):
-        wins, draws = sum(table["wins"][i]), sum(table["draws"][i])
-        games = wins + draws + sum(row[i] for row in table["wins"])
-        lines.append(f"| {name} | {table['elo'][i]:.0f} | {wins} | {draws} | {games} |")
+        wins, draws, games = sum(table["wins"][i]), sum(table["draws"][i]), sum(table["games"][i])
+        truncated = games - wins - draws - sum(row[i] for row in table["wins"])
+        lines.append(f"| {name} | {table['elo'][i]:.0f} | {wins} | {draws} | {truncated} | {games} |")
     return lines
 
 

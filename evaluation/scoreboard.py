@@ -1,5 +1,5 @@
-"""Per-agent tallies of finished games: wins, draws, losses, invalid moves and reward, and
-confidence intervals for rates and means."""
+"""Per-agent tallies of finished games: wins, draws, losses, truncated games, invalid moves and
+reward, and confidence intervals for rates and means."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ class AgentRecord:
     wins: int = 0
     draws: int = 0
     losses: int = 0
+    truncated: int = 0  # games stopped by a turn cap: neither won, drawn nor lost
     invalid_moves: int = 0
     total_reward: float = 0.0
 
@@ -36,13 +37,33 @@ def seat_outcome(rewards: tuple[float, ...], seat: int) -> str:
     return "wins" if mine > best_other else "losses" if mine < best_other else "draws"
 
 
+def game_outcome(result: MatchResult, seat: int) -> str:
+    """ "truncated" for a game stopped by a turn cap, else the seat's `seat_outcome`."""
+    return "truncated" if result.end_reason == "turn_cap" else seat_outcome(result.rewards, seat)
+
+
+# The share of truncated games above which a series says that its results are mostly unfinished games.
+TRUNCATED_WARNING_SHARE = 0.1
+
+
+def truncation_warning(truncated: int, games: int, setting: str) -> str | None:
+    """One warning line when more than `TRUNCATED_WARNING_SHARE` of `games` were stopped by a
+    turn cap, naming the `setting` that raises it; None otherwise."""
+    if truncated <= TRUNCATED_WARNING_SHARE * games:
+        return None
+    return (
+        f"warning: {truncated} of {games} games were stopped by a turn cap and are counted as truncated, "
+        f"not as draws; raise {setting} to play them out."
+    )
+
+
 def tally(results: Iterable[MatchResult]) -> list[AgentRecord]:
-    """One record per agent, in order of first appearance (outcomes by `seat_outcome`)."""
+    """One record per agent, in order of first appearance (outcomes by `game_outcome`)."""
     records: dict[str, AgentRecord] = {}
     for result in results:
         for seat, agent in enumerate(result.players):
             record = records.setdefault(agent, AgentRecord(agent))
-            outcome = seat_outcome(result.rewards, seat)
+            outcome = game_outcome(result, seat)
             record.games += 1
             setattr(record, outcome, getattr(record, outcome) + 1)
             record.invalid_moves += result.invalid_moves[seat]
@@ -51,9 +72,13 @@ def tally(results: Iterable[MatchResult]) -> list[AgentRecord]:
 
 
 def format_table(records: Iterable[AgentRecord]) -> str:
-    header = ("agent", "games", "wins", "draws", "losses", "invalid", "mean reward")
+    header = ("agent", "games", "wins", "draws", "losses", "truncated", "invalid", "mean reward")
     rows = [
-        (r.agent, str(r.games), str(r.wins), str(r.draws), str(r.losses), str(r.invalid_moves), f"{r.mean_reward:+.3f}")
+        (
+            r.agent,
+            *map(str, (r.games, r.wins, r.draws, r.losses, r.truncated, r.invalid_moves)),
+            f"{r.mean_reward:+.3f}",
+        )
         for r in records
     ]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]

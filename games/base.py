@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import string
+import unicodedata
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -27,6 +28,16 @@ from selfplay.games.answers import BOXED, AnswerFormat, normalize
 _TEXT_SPACE_CHARSET = string.printable
 _OUTSIDE_CHARSET = re.compile(f"[^{re.escape(_TEXT_SPACE_CHARSET)}]")
 MAX_TEXT_LENGTH = 32_768
+# The turn cap of a game that states no maximum length of its own (and of a run that sets none).
+UNBOUNDED_GAME_TURN_CAP = 1000
+# Terminal colour codes (OpenSpiel's Twixt colours its board) carry nothing a reader needs.
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# ASCII stand-ins for the symbols OpenSpiel games write beyond box drawing and playing cards.
+_SYMBOLS = {"\u2660": "S", "\u2663": "C", "\u2665": "H", "\u2666": "D", "\u2190": "<-", "\u2192": "->"}
+_SYMBOLS.update({"\u2661": "H", "\u2662": "D", "\u2664": "S", "\u2667": "C", "\u2191": "^", "\u2193": "v"})
+_SYMBOLS.update({"\u25cf": "@", "\u25cb": "O", "\u26ab": "@", "\u26aa": "O", "\u00d7": "x", "\u00b7": "."})
+_CARD_RANKS = {"ACE": "A", "KING": "K", "QUEEN": "Q", "KNIGHT": "C", "JACK": "J", "TEN": "T", "NINE": "9"}
+_CARD_RANKS.update({"EIGHT": "8", "SEVEN": "7", "SIX": "6", "FIVE": "5", "FOUR": "4", "THREE": "3", "TWO": "2"})
 # Enough of an invalid output to diagnose it without storing whole responses in infos.
 _RECORDED_OUTPUT_CHARS = 200
 
@@ -49,16 +60,20 @@ class TextGame(ABC):
     agent_names: tuple[str, ...] = ()
     roles: tuple[str, ...] = ()
     zero_sum: bool = True  # the seats' returns always sum to 0
+    cooperative: bool = False  # every seat gets the same return: a team score, not wins and losses
     # How evaluation judges play (`selfplay.evaluation.game_kinds`): by the mean return where
     # returns are amounts won (chips, points) that luck spreads, as in poker and dice games; else,
     # in a zero-sum game, by wins, draws and losses. A game that is not zero-sum is always judged
-    # by each side's own mean return.
+    # by each side's own mean return, a cooperative game by its team score.
     judged_by_return: bool = False
     # Poker games: the chips of one big blind, for milli-big-blinds per hand; None otherwise.
     big_blind: float | None = None
     # `legal_moves` names every legal move; False where moves are free text and it gives examples
     # (legal decoding, which writes only listed moves, needs it True).
     lists_every_move: bool = True
+    # The most moves a game can last, where the game bounds it (OpenSpiel's max_game_length()):
+    # the environment's turn cap unless the user sets one. None: the game states no bound.
+    max_length: int | None = None
 
     @abstractmethod
     def reset(self, rng: np.random.Generator) -> None:
@@ -105,6 +120,11 @@ class TextGame(ABC):
         it to the environment's `InvalidMovePolicy`. Either way the output is logged as invalid."""
         return None
 
+    def truncated(self) -> bool:
+        """Whether a game that is over was stopped by a cap of its own (for example a PettingZoo
+        environment's truncation) rather than played out; reported apart from draws."""
+        return False
+
     def training_metrics(self) -> dict[str, float]:
         """Figures about the game itself that the trainer logs after each step (for example a
         task buffer's diversity); shared state across instances, since any one is asked."""
@@ -145,7 +165,9 @@ class TextGameEnv(AECEnv):
     Observations are dicts: `observation` (the game's numeric tensor), `rules` (fixed for
     the game), `state` (this player's view, the legal moves when it is their turn, and
     the answer instruction) and `view` (this player's view alone, `TextGame.describe`). A game
-    that reaches `max_turns` valid moves ends as a draw (every reward 0, agents truncated).
+    that reaches `max_turns` valid moves (by default the game's own `max_length`) is truncated:
+    every reward 0, agents truncated, `end_reason` "turn_cap", as is a game stopped by a cap of
+    its own (`TextGame.truncated`).
     `infos[agent]["invalid_moves"]` lists every invalid output of that agent in the episode.
     """
 
@@ -157,7 +179,7 @@ class TextGameEnv(AECEnv):
         *,
         name: str,
         invalid_moves: InvalidMovePolicy = InvalidMovePolicy(),
-        max_turns: int = 50,
+        max_turns: int | None = None,
         render_mode: str | None = None,
     ):
         super().__init__()
@@ -166,7 +188,7 @@ class TextGameEnv(AECEnv):
         self.game = game
         self.metadata = {**self.metadata, "name": name}
         self.invalid_moves = invalid_moves
-        self.max_turns = max_turns
+        self.max_turns = max_turns or game.max_length or UNBOUNDED_GAME_TURN_CAP
         self.render_mode = render_mode
         self.possible_agents = list(game.agent_names) or [f"player_{i}" for i in range(game.num_players)]
         self._seat = {agent: i for i, agent in enumerate(self.possible_agents)}
@@ -242,7 +264,9 @@ class TextGameEnv(AECEnv):
             self._legal_moves = None
             self.turns += 1
             if self.game.is_over():
-                self._finish("game_over", dict(zip(self.possible_agents, self.game.returns())))
+                truncated = self.game.truncated()
+                returns = dict(zip(self.possible_agents, self.game.returns()))
+                self._finish("turn_cap" if truncated else "game_over", returns, truncated=truncated)
             elif self.turns >= self.max_turns:
                 self._finish("turn_cap", {a: 0.0 for a in self.agents}, truncated=True)
             else:
@@ -295,9 +319,9 @@ class TextGameEnv(AECEnv):
         seat = self._seat[agent]
         return {
             "observation": np.asarray(self.game.observation_tensor(seat), dtype=np.float32),
-            "rules": _printable(self.game.rules),
-            "state": _printable(self.state_text(agent)),
-            "view": _printable(self.game.describe(seat)),
+            "rules": ascii_text(self.game.rules),
+            "state": ascii_text(self.state_text(agent)),
+            "view": ascii_text(self.game.describe(seat)),
         }
 
     def state_text(self, agent: str) -> str:
@@ -356,6 +380,34 @@ def _excerpt(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _printable(text: str) -> str:
-    """`text` with every character outside the Text spaces' charset replaced by '?'."""
-    return _OUTSIDE_CHARSET.sub("?", text)
+def ascii_text(text: str) -> str:
+    """`text` in the Text spaces' charset (printable ASCII): box drawing as -, | and +, playing
+    cards as rank and suit (AS, TH), suits and arrows as letters and arrows, accented letters
+    without their accents, and any other symbol by its Unicode name, so that nothing is lost."""
+    text = _ANSI_ESCAPE.sub("", text)
+    if not _OUTSIDE_CHARSET.search(text):
+        return text
+    return "".join(ch if ch in _TEXT_SPACE_CHARSET else _ascii_symbol(ch) for ch in text)
+
+
+def _ascii_symbol(ch: str) -> str:
+    if ch in _SYMBOLS:
+        return _SYMBOLS[ch]
+    name = unicodedata.name(ch, f"U+{ord(ch):04X}")
+    if name.startswith("BOX DRAWINGS"):
+        return _box_drawing(name)
+    if name.startswith("PLAYING CARD "):
+        rank, _, suit = name.removeprefix("PLAYING CARD ").partition(" OF ")
+        return _CARD_RANKS.get(rank, rank.lower()) + suit[:1] if suit else f"[{rank.lower()}]"
+    plain = unicodedata.normalize("NFKD", ch).encode("ascii", "ignore").decode()
+    if plain and not _OUTSIDE_CHARSET.search(plain):
+        return plain
+    return f"[{name.lower()}]"
+
+
+def _box_drawing(name: str) -> str:
+    if "DIAGONAL" in name:
+        return "X" if "CROSS" in name else "/" if "UPPER RIGHT TO LOWER LEFT" in name else "\\"
+    across = any(word in name for word in ("HORIZONTAL", "LEFT", "RIGHT"))
+    upright = any(word in name for word in ("VERTICAL", "UP", "DOWN"))
+    return "+" if across and upright else "-" if across else "|"

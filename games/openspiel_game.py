@@ -2,10 +2,10 @@
 
 `OpenSpielGame` runs an OpenSpiel state machine behind the `TextGame` protocol: chance nodes
 are sampled by the environment's generator, the text comes from OpenSpiel's own observation
-or information-state strings and action names. It serves directly as the `openspiel:NAME`
-adapter; native games subclass it to write their own rules, state text and move names while
-keeping an exact OpenSpiel twin, which search and solver agents (MCTS, CFR) and
-exploitability use.
+or information-state strings and action names, the rules from `openspiel_rules`. It serves
+directly as the `openspiel:NAME` adapter, for any turn-based game of two or more players;
+native games subclass it to write their own rules, state text and move names while keeping an
+exact OpenSpiel twin, which search and solver agents (MCTS, CFR) and exploitability use.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import numpy as np
 import pyspiel
 
 from selfplay.errors import UserError
-from selfplay.games.base import TextGame
+from selfplay.games.base import TextGame, ascii_text
+from selfplay.games.openspiel_rules import rules_for, utility_kind
 
 # The ante that Kuhn Poker and Leduc Hold'em take from each player; they have no blinds.
 ANTE_GAMES = {"kuhn_poker": 1.0, "leduc_poker": 1.0}
@@ -39,14 +40,16 @@ def poker_big_blind(game: pyspiel.Game) -> float | None:
 
 
 class OpenSpielGame(TextGame):
-    """Any two-player, turn-based OpenSpiel game, rendered from OpenSpiel's own strings."""
+    """Any turn-based OpenSpiel game of two or more players, rendered from OpenSpiel's own strings."""
 
     def __init__(self, name: str, **params):
         # Checked here, as OpenSpiel prints to the terminal whatever it refuses (every game's name).
         if name not in pyspiel.registered_names():
             raise UserError(f"OpenSpiel has no game '{name}' (pyspiel.registered_names() lists its games).")
         try:
-            known = pyspiel.load_game(name).get_parameters() if params else {}
+            game = pyspiel.load_game(name) if params else None
+            # Hanabi states its parameters only in its specification.
+            known = {**game.get_parameters(), **game.get_type().parameter_specification} if params else {}
             unknown = sorted(set(params) - set(known))
             if unknown:
                 raise UserError(
@@ -57,14 +60,15 @@ class OpenSpielGame(TextGame):
         except pyspiel.SpielError as err:
             raise UserError(f"OpenSpiel cannot load '{name}' with {params}: {err}") from None
         kind = self.spiel_game.get_type()
-        if self.spiel_game.num_players() != 2:
+        if self.spiel_game.num_players() < 2:
             raise UserError(
-                f"OpenSpiel game '{name}' has {self.spiel_game.num_players()} players; text games here take 2."
+                f"OpenSpiel game '{name}' has {self.spiel_game.num_players()} player; self-play needs 2 or more."
             )
         if kind.dynamics != pyspiel.GameType.Dynamics.SEQUENTIAL:
             raise UserError(f"OpenSpiel game '{name}' is not turn-based (simultaneous moves are not supported).")
-        self.num_players = 2
+        self.num_players = self.spiel_game.num_players()
         self.zero_sum = kind.utility == pyspiel.GameType.Utility.ZERO_SUM
+        self.cooperative = kind.utility == pyspiel.GameType.Utility.IDENTICAL
         self.judged_by_return = kind.chance_mode != pyspiel.GameType.ChanceMode.DETERMINISTIC
         self.big_blind = poker_big_blind(self.spiel_game)
         self._perfect_information = kind.information == pyspiel.GameType.Information.PERFECT_INFORMATION
@@ -77,6 +81,7 @@ class OpenSpielGame(TextGame):
         else:
             self._tensor = None
             self.observation_shape = (1,)
+        self.max_length = self.spiel_game.max_game_length()
         self.rules = self.rules_text()
         self.state: pyspiel.State = self.spiel_game.new_initial_state()
         self._rng = np.random.default_rng()
@@ -111,8 +116,9 @@ class OpenSpielGame(TextGame):
         return [self.move_name(a) for a in self.state.legal_actions()]
 
     def move_name(self, action: int) -> str:
-        """The canonical move name of an OpenSpiel action for the current player."""
-        return self.state.action_to_string(self.state.current_player(), action)
+        """The canonical move name of an OpenSpiel action for the current player, in ASCII as the
+        prompt shows it (bridge's 1♣ is 1C)."""
+        return ascii_text(self.state.action_to_string(self.state.current_player(), action))
 
     def action_of(self, move: str) -> int:
         for action in self.state.legal_actions():
@@ -142,13 +148,16 @@ class OpenSpielGame(TextGame):
     # -- text -----------------------------------------------------------------------------
 
     def rules_text(self) -> str:
-        """The rules shown to both players; native games write their own."""
-        kind = self.spiel_game.get_type()
+        """The rules shown to every player: what OpenSpiel says of the game, its objective and how
+        moves are written (`openspiel_rules`); native games write their own."""
+        kind, game = self.spiel_game.get_type(), self.spiel_game
         info = "perfect" if self._perfect_information else "imperfect"
+        rules = rules_for(game)
         return (
-            f"You are playing {kind.long_name}, a two-player game with {info} information, "
-            f"as implemented by OpenSpiel (game '{self.spiel_game}'). Each turn you see the state "
-            f"as OpenSpiel writes it and the names of your legal moves; answer with one move name."
+            f"You are playing {kind.long_name} (OpenSpiel game '{game}'), a {utility_kind(game)} game for "
+            f"{self.num_players} players with {info} information, player 0 moving first; a game lasts at most "
+            f"{game.max_game_length()} moves.\nObjective: {rules.objective}\nHow a move is written: {rules.moves} "
+            f"Each turn you see the state as OpenSpiel draws it and your legal moves; answer with one of them."
         )
 
     def describe(self, player: int) -> str:
@@ -159,4 +168,6 @@ class OpenSpielGame(TextGame):
             view = self.state.observation_string(player)
         else:
             view = self.state.information_state_string(player)
-        return f"Current state (as OpenSpiel writes it for player {player}):\n{view}"
+        sides = rules_for(self.spiel_game).sides
+        side = f", playing {sides[player]}" if player < len(sides) else ""
+        return f"You are player {player} of {self.num_players}{side}.\nCurrent state (as OpenSpiel writes it):\n{view}"

@@ -5,6 +5,11 @@
 the numbers of the masked-in actions, and the state text renders the player's own
 observation array, as a board when it is a stack of 0/1 planes. It serves as the
 `pettingzoo:MODULE` adapter, for example `pettingzoo:pettingzoo.classic.connect_four_v3`.
+
+A board that an environment encodes as feature planes is drawn only where the meaning of its
+planes is known (`PLANE_BOARDS`): the player's own pieces, the opponent's and the empty cells,
+with what the action numbers mean. Other plane-encoded environments are refused, as no reader
+could tell one plane from another.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
-import sys
+from dataclasses import dataclass
 
 import gymnasium
 import numpy as np
@@ -21,11 +26,51 @@ from selfplay.errors import UserError
 from selfplay.games.answers import normalize
 from selfplay.games.base import TextGame
 
-# Cell symbols of the board planes, in plane order.
-_PLANE_SYMBOLS = "XOABCDEFGHIJKLMNPQRSTUVWYZ"
 _NUMBER = re.compile(r"-?\d+")
-# The part of a PettingZoo environment's documentation that says what its action numbers mean.
-_ACTION_DOCS = re.compile(r"^#+ Action Space\s*\n(.*?)(?=^#|\Z)", re.MULTILINE | re.DOTALL)
+
+
+@dataclass(frozen=True)
+class PlaneBoard:
+    """What the feature planes of a PettingZoo board game mean, and how its moves are numbered
+    (`moves` is formatted with the board's `rows` and `columns`)."""
+
+    own: int  # the plane of the observing player's pieces
+    opponent: int  # the plane of the opponent's pieces
+    objective: str
+    moves: str
+    # go_v5 stacks the last mover's stones first whoever observes: its planes swap for the player to move.
+    last_mover_first: bool = False
+
+    def planes_of(self, to_move: bool) -> tuple[int, int]:
+        """The (own, opponent) planes as a player to move or waiting sees them."""
+        return (self.opponent, self.own) if self.last_mover_first and to_move else (self.own, self.opponent)
+
+
+# By environment name without its version suffix, from each environment's documentation.
+PLANE_BOARDS = {
+    "connect_four": PlaneBoard(
+        0,
+        1,
+        "Be the first to line up four of your pieces in a row, a column or a diagonal.",
+        "Your move is a column number, 0 (left) to {last_column} (right); your piece drops to the lowest "
+        "empty cell of that column.",
+    ),
+    "tictactoe": PlaneBoard(
+        0,
+        1,
+        "Be the first to line up three of your marks in a row, a column or a diagonal.",
+        "Your move is the number of an empty cell, counted down each column: the cell in row r and column c "
+        "is {rows} * c + r (row 0, column 0 is 0; row 2, column 2 is 8).",
+    ),
+    "go": PlaneBoard(
+        0,
+        1,
+        "Surround more of the board than your opponent (stones plus enclosed points, komi to white).",
+        "Your move is the number of a point: row r and column c is {columns} * r + c (row 0, column 0 is "
+        "0); {points} passes.",
+        last_mover_first=True,
+    ),
+}
 
 
 class PettingZooGame(TextGame):
@@ -67,14 +112,17 @@ class PettingZooGame(TextGame):
                 f"legal moves are unknown; only environments with action masks can be played."
             )
         self.observation_shape = self._observation(self.agents[0]).shape
+        self.board = self._plane_board()
         self.rules = self.rules_text()
         self._returns = dict.fromkeys(self.agents, 0.0)
+        self._truncated = False
 
     # -- the state machine ---------------------------------------------------------------
 
     def reset(self, rng: np.random.Generator) -> None:
         self.env.reset(seed=int(rng.integers(2**31)))
         self._returns = dict.fromkeys(self.agents, 0.0)
+        self._truncated = False
 
     def current_player(self) -> int:
         return self.agents.index(self.env.agent_selection)
@@ -107,6 +155,7 @@ class PettingZooGame(TextGame):
         # PettingZoo drops an agent's reward once it is stepped out, so collect them every step.
         for agent, reward in self.env.rewards.items():
             self._returns[agent] += float(reward)
+        self._truncated |= any(self.env.truncations.values())
 
     def _finished(self, agent: str) -> bool:
         return bool(self.env.terminations[agent] or self.env.truncations[agent])
@@ -117,20 +166,46 @@ class PettingZooGame(TextGame):
     def returns(self) -> list[float]:
         return [self._returns[agent] for agent in self.agents]
 
+    def truncated(self) -> bool:
+        return self._truncated
+
     # -- text and tensors -------------------------------------------------------------------
+
+    def _plane_board(self) -> PlaneBoard | None:
+        """The meaning of the observation's board planes, or None where it is not a board; raises
+        for a plane-encoded board whose planes are unknown."""
+        obs = self._observation(self.agents[0])
+        if obs.ndim != 3 or not np.isin(obs, (0, 1)).all():
+            return None
+        board = PLANE_BOARDS.get(re.sub(r"_v\d+$", "", self.name))
+        if board is None:
+            raise UserError(
+                f"'{self.name}' encodes its board as {obs.shape[2]} feature planes whose meaning selfplay does not "
+                f"know, so it cannot draw a board a player could read. Plane boards it draws: "
+                f"{', '.join(PLANE_BOARDS)}; other PettingZoo environments with flat observations, and OpenSpiel "
+                f"games (openspiel:NAME), are played as they are."
+            )
+        return board
 
     def rules_text(self) -> str:
         rules = (
             f"You are playing {self.name}, the PettingZoo environment {self.module_name}, with "
             f"{self.num_players} players ({', '.join(self.agents)} in the environment's own names). "
-            f"Each turn you see your own observation of the game and the numbers of your legal "
-            f"actions; your move is one of those numbers. When the game ends each player gets the "
-            f"environment's reward (in board games usually +1 for a win, -1 for a loss, 0 for a draw)."
+            f"When the game ends each player gets the environment's reward (in board games usually "
+            f"+1 for a win, -1 for a loss, 0 for a draw)."
         )
-        docs = _ACTION_DOCS.search(sys.modules[type(self.env.unwrapped).__module__].__doc__ or "")
-        if docs is not None:
-            rules += "\n\nWhat the action numbers mean, from the environment's documentation:\n" + docs[1].strip()
-        return rules
+        if self.board is None:
+            return (
+                f"{rules}\nObjective: end with the highest reward.\nEach turn you see your own observation "
+                f"of the game and the numbers of your legal actions; your move is one of those numbers."
+            )
+        rows, columns = self.observation_shape[:2]
+        moves = self.board.moves.format(rows=rows, columns=columns, last_column=columns - 1, points=rows * columns)
+        return (
+            f"{rules}\nObjective: {self.board.objective}\nEach turn you see the board: X marks your pieces, "
+            f"O your opponent's, '.' an empty cell; rows are numbered from 0 at the top, columns from 0 at the "
+            f"left.\nMoves: {moves}"
+        )
 
     def _observation(self, agent: str) -> np.ndarray:
         obs = self.env.observe(agent)
@@ -139,9 +214,9 @@ class PettingZooGame(TextGame):
     def describe(self, player: int) -> str:
         obs = self._observation(self.agents[player])
         intro = f"In {self.name} you are the agent '{self.agents[player]}'."
-        binary = np.isin(obs, (0, 1)).all()
-        if obs.ndim == 3 and obs.shape[2] <= len(_PLANE_SYMBOLS) and binary:
-            return f"{intro}\n{_board(obs)}"
+        if self.board is not None:
+            own, opponent = self.board.planes_of(to_move=player == self.current_player())
+            return f"{intro} The board (X: yours, O: your opponent's):\n{_board(obs, own, opponent)}"
         numbers = np.array2string(obs, precision=3, suppress_small=True, threshold=obs.size, max_line_width=100)
         return f"{intro} Your observation, an array of shape {obs.shape}:\n{numbers}"
 
@@ -149,21 +224,13 @@ class PettingZooGame(TextGame):
         return self._observation(self.agents[player]).astype(np.float32)
 
 
-def _board(planes: np.ndarray) -> str:
-    """A (rows, columns, planes) stack of 0/1 planes drawn as a grid, one symbol per plane."""
-    rows, columns, count = planes.shape
-    legend = ", ".join(f"{_PLANE_SYMBOLS[k]} = plane {k}" for k in range(count))
+def _board(planes: np.ndarray, own: int, opponent: int) -> str:
+    """The `own` and `opponent` planes of a (rows, columns, planes) stack drawn as a grid with
+    numbered rows and columns."""
+    rows, columns, _ = planes.shape
     width = len(str(max(rows, columns) - 1)) + 1
-    lines = [
-        f"Your observation is a board of {rows} rows and {columns} columns with {count} feature planes, "
-        f"drawn as a grid: {legend}; '.' = no plane set, '*' = several. In PettingZoo board games "
-        f"plane 0 usually holds your own pieces and plane 1 the opponent's.",
-        " " * width + "".join(f"{c:>{width}}" for c in range(columns)),
-    ]
+    lines = [" " * width + "".join(f"{c:>{width}}" for c in range(columns))]
     for r in range(rows):
-        cells = []
-        for c in range(columns):
-            present = np.flatnonzero(planes[r, c])
-            cells.append("." if len(present) == 0 else _PLANE_SYMBOLS[present[0]] if len(present) == 1 else "*")
+        cells = ["X" if planes[r, c, own] else "O" if planes[r, c, opponent] else "." for c in range(columns)]
         lines.append(f"{r:>{width}}" + "".join(f"{cell:>{width}}" for cell in cells))
     return "\n".join(lines)

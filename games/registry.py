@@ -5,8 +5,8 @@ A game spec is one of:
 - `NAME` or `NAME(key=value, ...)`: a native game, or one a package registers under the
   `selfplay.games` entry-point group (the entry point names a `TextGame` subclass or any
   callable that takes the spec's keyword arguments and returns a `TextGame`);
-- `openspiel:NAME` or `openspiel:NAME(key=value, ...)`: any two-player, turn-based OpenSpiel
-  game, with OpenSpiel's own game parameters;
+- `openspiel:NAME` or `openspiel:NAME(key=value, ...)`: any turn-based OpenSpiel game of two
+  or more players, with OpenSpiel's own game parameters;
 - `pettingzoo:MODULE` or `pettingzoo:MODULE(key=value, ...)`: any PettingZoo AEC environment
   with discrete actions and action masks, for example `pettingzoo:pettingzoo.classic.connect_four_v3`.
 """
@@ -14,10 +14,12 @@ A game spec is one of:
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import re
+import sys
 from collections.abc import Callable
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 
 from selfplay.errors import UserError
 from selfplay.games.base import InvalidMovePolicy, TextGame, TextGameEnv
@@ -59,8 +61,22 @@ def registered_games() -> dict[str, Callable[[], Callable[..., TextGame]]]:
         name: (lambda target=target: _load(target)) for name, target in NATIVE_GAMES.items()
     }
     for ep in entry_points(group=ENTRY_POINT_GROUP):
-        games.setdefault(ep.name, ep.load)
+        games.setdefault(ep.name, lambda ep=ep: _load_entry_point(ep))
     return games
+
+
+class BrokenPluginError(UserError):
+    """A package's game entry point cannot be loaded."""
+
+
+def _load_entry_point(ep: EntryPoint) -> Callable[..., TextGame]:
+    try:
+        return ep.load()
+    except Exception as err:  # a third-party package can fail in any way; the rest of the registry must not
+        raise BrokenPluginError(
+            f"The game '{ep.name}' that a package registers ({ep.value}, entry-point group {ENTRY_POINT_GROUP}) "
+            f"cannot be loaded: {type(err).__name__}: {err}. Reinstall or fix that package."
+        ) from None
 
 
 def parse_spec(spec: str) -> tuple[str | None, str, dict]:
@@ -123,11 +139,17 @@ def make_game(spec: str) -> TextGame:
         raise UnknownGameError(f"Game '{name}' does not take the parameters {params}: {err}") from None
 
 
+@functools.cache
+def is_cooperative(spec: str) -> bool:
+    """Whether every seat of the game shares one score (a team game, reported by that score)."""
+    return make_game(spec).cooperative
+
+
 def make_env(
     spec: str,
     *,
     invalid_moves: InvalidMovePolicy = InvalidMovePolicy(),
-    max_turns: int = 50,
+    max_turns: int | None = None,
     render_mode: str | None = None,
 ) -> TextGameEnv:
     """A PettingZoo AEC environment for the game a spec names."""
@@ -137,10 +159,15 @@ def make_env(
 
 
 def describe_games() -> list[tuple[str, str]]:
-    """(name, one-line description) of every registered game."""
+    """(name, one-line description) of every registered game; a package's game that cannot be
+    loaded is left out with a warning naming it."""
     rows = []
     for name, loader in registered_games().items():
-        doc = (loader().__doc__ or "").strip()
+        try:
+            doc = (loader().__doc__ or "").strip()
+        except BrokenPluginError as err:
+            print(f"warning: left out of the game list: {err}", file=sys.stderr)
+            continue
         rows.append((name, doc.splitlines()[0] if doc else ""))
     return rows
 
@@ -148,6 +175,6 @@ def describe_games() -> list[tuple[str, str]]:
 def _spec_help() -> str:
     return (
         f"Games: {', '.join(registered_games())}. Adapters: openspiel:NAME[(key=value,...)] for "
-        f"two-player turn-based OpenSpiel games, pettingzoo:MODULE for PettingZoo AEC "
+        f"turn-based OpenSpiel games of two or more players, pettingzoo:MODULE for PettingZoo AEC "
         f"environments with action masks. Run `selfplay games list` for details."
     )

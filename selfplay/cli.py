@@ -15,9 +15,9 @@ from selfplay.agents import agent_help
 from selfplay.backends import BACKENDS
 from selfplay.config import Bounds, EvalConfig, RolloutConfig, TrainConfig, find_yaml, load_config, number_bounds
 from selfplay.errors import UserError
-from selfplay.evaluation.scoreboard import format_table, tally
+from selfplay.evaluation.scoreboard import format_table, tally, truncation_warning
 from selfplay.games import describe_games
-from selfplay.games.registry import ENTRY_POINT_GROUP
+from selfplay.games.registry import ENTRY_POINT_GROUP, is_cooperative
 from selfplay.legal_decoding import DECODINGS
 from selfplay.match import play_series
 from selfplay.prompts import PROMPT_STYLES
@@ -44,17 +44,27 @@ def _cmd_play(args: argparse.Namespace) -> int:
         progress=not args.no_progress and not any(spec.startswith("human") for spec in specs),
     )
     records = tally(results)
+    truncated = sum(r.end_reason == "turn_cap" for r in results)
+    _warn(truncation_warning(truncated, len(results), "--max-turns"))
+    cooperative = is_cooperative(args.game)
+    team_score = sum(r.rewards[0] for r in results) / len(results)  # every seat's, in a cooperative game
     if args.json:
         summary = {
             "game": args.game,
             "episodes": args.episodes,
             "seed": args.seed,
             "mean_turns": sum(r.turns for r in results) / len(results),
+            "truncated": truncated,
+            **({"cooperative": True, "team_score": team_score} if cooperative else {}),
             "agents": [r.to_dict() for r in records],
         }
         print(json.dumps(summary, indent=2))
+    elif cooperative:
+        print(f"{args.game}: {args.episodes} games, seed {args.seed}, seats rotating")
+        print(f"A cooperative game: every player shares one score. Mean team score {team_score:+.3f}; ", end="")
+        print(f"{truncated} games truncated; invalid moves {sum(r.invalid_moves for r in records)}.")
     else:
-        print(f"{args.game}: {args.episodes} games, seed {args.seed}, seats alternating\n")
+        print(f"{args.game}: {args.episodes} games, seed {args.seed}, seats rotating\n")
         print(format_table(records))
     return 0
 
@@ -96,6 +106,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     candidates = find_candidates(args.checkpoints)
     _make_output_dir(args.out, "--out")  # before the evaluation, which a report that cannot be written would lose
     results = evaluate(candidates, settings, progress=not args.no_progress)
+    rows = results["matches"]
+    _warn(truncation_warning(sum(r["truncated"] for r in rows), sum(r["games"] for r in rows), "--max-turns"))
     report = write_report(results, args.out)
     print(f"Wrote {report} and {report.parent / RESULTS_FILE}.")
     return 0
@@ -123,13 +135,18 @@ def _cmd_games_list(args: argparse.Namespace) -> int:
         print(f"  {name.ljust(width)}  {about}")
     print(
         "\nAdapters (held-out games without new code):\n"
-        "  openspiel:NAME[(key=value,...)]   any two-player, turn-based OpenSpiel game,\n"
+        "  openspiel:NAME[(key=value,...)]   any turn-based OpenSpiel game of 2+ players,\n"
         "                                    e.g. openspiel:leduc_poker, openspiel:nim(pile_sizes=1;3;5)\n"
         "  pettingzoo:MODULE                 any PettingZoo AEC env with discrete actions and masks,\n"
         "                                    e.g. pettingzoo:pettingzoo.classic.connect_four_v3\n"
         f"\nPackages add games through the '{ENTRY_POINT_GROUP}' entry-point group."
     )
     return 0
+
+
+def _warn(warning: str | None) -> None:
+    if warning:
+        print(warning, file=sys.stderr)
 
 
 def _rollout(args: argparse.Namespace) -> RolloutSettings:
@@ -148,8 +165,11 @@ def _make_output_dir(path: str, option: str) -> None:
 
 def _setting(section, name: str):
     """An argparse type reading an option as the config reads the field `name` of `section`: the
-    same kind of number, within the same range."""
-    return _number(*number_bounds(typing.get_type_hints(section, include_extras=True)[name]))
+    same kind of number, within the same range (an optional field's, when it is set)."""
+    hint = typing.get_type_hints(section, include_extras=True)[name]
+    if type(None) in typing.get_args(hint):
+        hint = typing.get_args(hint)[0]
+    return _number(*number_bounds(hint))
 
 
 def _number(kind: type, bounds: Bounds):
@@ -208,7 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="extra attempts after an invalid move (default 0: the game ends with a penalty)",
     )
     play.add_argument(
-        "--max-turns", type=MAX_TURNS, default=50, help="turn cap; a game that reaches it is a draw (default 50)"
+        "--max-turns",
+        type=MAX_TURNS,
+        help="turn cap; a game that reaches it is reported as truncated (default: the game's own maximum length)",
     )
     play.add_argument(
         "--backend", choices=BACKENDS, default="hf", help="generation backend for model agents (default hf)"
@@ -281,7 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--decoding", choices=DECODINGS, default="free", help=DECODING_HELP)
     evaluation.add_argument("--prompt", choices=PROMPT_STYLES, default="full", help=PROMPT_HELP)
     evaluation.add_argument("--max-new-tokens", type=MAX_NEW_TOKENS, default=32, help="tokens per turn (default 32)")
-    evaluation.add_argument("--max-turns", type=MAX_TURNS, default=50, help="turn cap per game (default 50)")
+    evaluation.add_argument(
+        "--max-turns", type=MAX_TURNS, help="turn cap per game (default: the game's own maximum length)"
+    )
     evaluation.add_argument(
         "--baseline",
         metavar="CANDIDATE",

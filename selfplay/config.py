@@ -75,7 +75,8 @@ class RolloutConfig:
     # full: the rules, the state, the legal moves and the answer instruction; view: the state
     # alone, for small models that learn the game from rewards (see selfplay.prompts)
     prompt: Literal["full", "view"] = "full"
-    max_turns: AtLeastOne = 50  # a game reaching this many moves is a truncated draw
+    # a game reaching this many moves is truncated (reported apart from draws); null: the game's own maximum length
+    max_turns: AtLeastOne | None = None
     max_new_tokens: AtLeastOne = 32  # per turn; a response cut off here is an invalid move
     temperature: NonNegative = 1.0  # 0 is greedy
     top_p: Annotated[float, Bounds(0, 1, low_open=True)] = 1.0

@@ -51,7 +51,7 @@ class RolloutSettings:
     sampling: SamplingSettings = SamplingSettings()
     observation_mode: ObservationMode = "single_turn"
     prompt: PromptStyle = "full"
-    max_turns: int = 50
+    max_turns: int | None = None  # None: each game's own maximum length
     invalid_moves: InvalidMovePolicy = InvalidMovePolicy()
     concurrency: int = 256  # games in flight at once
 

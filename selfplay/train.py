@@ -47,7 +47,9 @@ from selfplay.errors import UserError
 from selfplay.evaluation.evaluate import plan_pairings, play_opponents
 from selfplay.evaluation.exploitability import SUPPORTED_GAMES, policy_exploitability
 from selfplay.evaluation.game_kinds import primary_figures
+from selfplay.evaluation.scoreboard import game_outcome, truncation_warning
 from selfplay.games import make_game
+from selfplay.games.registry import is_cooperative
 from selfplay.league.manager import League, initial_players, roles_of
 from selfplay.league.matchmaking import MAIN, SELF, is_fixed, rule_error
 from selfplay.league.population import snapshot_name
@@ -140,28 +142,34 @@ def learner_view(trajectory: Trajectory, label: str) -> Trajectory:
 
 
 def rollout_metrics(trajectories: Sequence[Trajectory], label: str = MAIN) -> dict[str, float]:
-    """Return per game and role and overall, outcomes against each opponent, invalid moves,
-    lengths, for the player `label`."""
+    """Return per game and role and overall, outcomes against each opponent (games stopped by a
+    turn cap apart, as truncated), invalid moves, lengths, for the player `label`."""
     returns: dict[str, list[float]] = defaultdict(list)
     outcomes: dict[str, Counter] = defaultdict(Counter)
     turns = [t for trajectory in trajectories for t in trajectory.turns if t.agent == label]
+    cooperative = {game: is_cooperative(game) for game in {t.result.game for t in trajectories}}
     for trajectory in trajectories:
         result = trajectory.result
         for seat, player in enumerate(result.players):
             if player != label:
                 continue
             returns[f"return/{result.game}/{roles_of(result.game)[seat]}"].append(result.rewards[seat])
-            opponents = {p for p in result.players if p != label}
-            if opponents:
-                reward = result.rewards[seat]
-                outcome = "win" if reward > 0 else "loss" if reward < 0 else "draw"
-                outcomes[f"{result.game}/{opponents.pop()}"][outcome] += 1
+            opponents = sorted({p for p in result.players if p != label})
+            if cooperative[result.game]:  # one shared score: no wins or losses
+                returns[f"team_score/{result.game}"].append(result.rewards[seat])
+            elif opponents:
+                outcomes[f"{result.game}/{'+'.join(opponents)}"][game_outcome(result, seat)] += 1
     metrics = {name: float(np.mean(values)) for name, values in returns.items()}
-    metrics["reward/mean"] = float(np.mean([r for values in returns.values() for r in values]))
+    metrics["reward/mean"] = float(
+        np.mean([r for k, values in returns.items() if k.startswith("return/") for r in values])
+    )
+    metrics["games/truncated_rate"] = sum(t.result.end_reason == "turn_cap" for t in trajectories) / max(
+        len(trajectories), 1
+    )
     for pairing, counts in outcomes.items():
         total = sum(counts.values())
-        for outcome in ("win", "draw", "loss"):
-            metrics[f"vs/{pairing}/{outcome}"] = counts[outcome] / total
+        for outcome, name in (("wins", "win"), ("draws", "draw"), ("losses", "loss"), ("truncated", "truncated")):
+            metrics[f"vs/{pairing}/{name}"] = counts[outcome] / total
     if turns:
         metrics["turns/invalid_rate"] = sum(t.invalid for t in turns) / len(turns)
         metrics["turns/response_tokens"] = float(np.mean([len(t.response_ids) for t in turns]))
@@ -407,6 +415,7 @@ class Trainer:
         bar = tqdm(total=self.config.steps, initial=self.step, desc="train", unit="step", disable=not self.progress)
         deadline = time.monotonic() + 60 * self.config.max_minutes if self.config.max_minutes else math.inf
         all_invalid_steps = 0
+        truncation_warned = False
         try:
             while self.step < self.config.steps:
                 self.step += 1
@@ -424,6 +433,11 @@ class Trainer:
                 all_invalid_steps = all_invalid_steps + 1 if metrics.get("turns/invalid_rate") == 1.0 else 0
                 if all_invalid_steps == COLLAPSE_STEPS:
                     bar.write(collapse_warning(self.step, self.run_dir))
+                games = self.config.rollout.games_per_step
+                warning = truncation_warning(round(metrics["games/truncated_rate"] * games), games, "rollout.max_turns")
+                if warning and not truncation_warned:
+                    bar.write(warning)
+                    truncation_warned = True
                 out_of_time = time.monotonic() > deadline
                 if self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps or out_of_time:
                     self.save()
@@ -590,7 +604,8 @@ class Trainer:
         )
         metrics = {}
         for row in rows:
-            figures = {**primary_figures(row), **{k: row[k] for k in ("invalid_move_rate", "mean_response_tokens")}}
+            extras = ("truncated_rate", "invalid_move_rate", "mean_response_tokens")
+            figures = {**primary_figures(row), **{k: row[k] for k in extras}}
             for name, value in figures.items():
                 metrics[f"eval/{row['game']}/{row['opponent']}/{name}"] = value
         for game in (g for g in self.eval_pairings if g in SUPPORTED_GAMES):

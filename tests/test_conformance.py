@@ -5,7 +5,7 @@ import random
 import pytest
 from pettingzoo.test import api_test, seed_test
 
-from selfplay.games import make_env
+from selfplay.games import InvalidMovePolicy, make_env
 from selfplay.games.registry import NATIVE_GAMES
 
 NATIVE_VARIANTS = [
@@ -63,3 +63,30 @@ def test_random_legal_play_finishes_without_invalid_moves(spec):
         assert all(not log for log in env.invalid_log.values())
         assert abs(sum(returns.values())) < 1e-9 or not env.game.zero_sum, returns
         assert play(seed) == (moves, returns, end_reason)
+
+
+HANABI = "openspiel:hanabi(players=2, colors=1, ranks=2, hand_size=2, max_information_tokens=3, max_life_tokens=1)"
+INVALID_TEXTS = ["I pass my turn.", "\\boxed{no such move}", "\\boxed{}"]
+
+
+@pytest.mark.parametrize("spec", ALL_GAMES + ["openspiel:kuhn_poker(players=3)", HANABI])
+def test_whole_games_through_the_text_protocol_with_legal_and_invalid_texts(spec):
+    """Whole games played as a model writes moves: reasoning then a boxed legal move, and now and
+    then an invalid text first, which a retry absorbs without changing the game."""
+    env = make_env(spec, invalid_moves=InvalidMovePolicy(retries=1))
+    rng = random.Random(0)
+    for seed in range(5):
+        env.reset(seed=seed)
+        invalid = 0
+        while env.end_reason is None:
+            agent, legal = env.agent_selection, list(env.legal_moves())
+            observation = env.observe(agent)
+            assert env.observation_space(agent).contains(observation)
+            if rng.random() < 0.2 and env.game.unreadable_move() is None:  # else the game scores it and goes on
+                env.step(rng.choice(INVALID_TEXTS))
+                invalid += 1
+                assert env.agent_selection == agent and env.legal_moves() == legal and env.end_reason is None
+                assert "Your previous answer was invalid" in env.observe(agent)["state"]
+            env.step(f"Let me think about the position. {env.answer(rng.choice(legal))}")
+        assert sum(map(len, env.invalid_log.values())) == invalid
+        assert env.end_reason in ("game_over", "turn_cap")

@@ -22,12 +22,21 @@ from selfplay.evaluation.evaluate import (
     find_candidates,
     load_suite,
     outcome_stats,
+    pairing_matches,
     plan_pairings,
 )
-from selfplay.evaluation.game_kinds import GENERAL_SUM, PAYOFF, WIN_LOSS, GameKind, mbb_per_hand, primary_figures
+from selfplay.evaluation.game_kinds import (
+    COOPERATIVE,
+    GENERAL_SUM,
+    PAYOFF,
+    WIN_LOSS,
+    GameKind,
+    mbb_per_hand,
+    primary_figures,
+)
 from selfplay.evaluation.paired import paired_comparison, summary_line
 from selfplay.evaluation.ratings import fit_elo
-from selfplay.evaluation.scoreboard import mean_interval, wilson_interval
+from selfplay.evaluation.scoreboard import mean_interval, seat_outcome, wilson_interval
 from selfplay.games import make_game
 from selfplay.records import MatchResult, Trajectory, Turn
 from selfplay.run_dir import RunDir
@@ -53,8 +62,8 @@ def test_wilson_interval_without_trials_is_uninformative():
     assert wilson_interval(0, 0) == (0.0, 1.0)
 
 
-def _trajectory(players, rewards, turns_of_policy=(), seed=0):
-    result = MatchResult("kuhn_poker", seed, players, rewards, (0, 0), 2, "game_over")
+def _trajectory(players, rewards, turns_of_policy=(), seed=0, end_reason="game_over"):
+    result = MatchResult("kuhn_poker", seed, players, rewards, (0,) * len(players), 2, end_reason)
     turns = tuple(
         Turn(
             "kuhn_poker",
@@ -102,6 +111,7 @@ def test_milli_big_blinds_per_hand_follow_each_poker_games_big_blind():
         ("openspiel:liars_dice", GameKind(PAYOFF)),
         ("openspiel:pig(winscore=20)", GameKind(PAYOFF)),
         ("openspiel:first_sealed_auction", GameKind(GENERAL_SUM)),
+        ("openspiel:hanabi(players=2, colors=1, ranks=2, hand_size=2)", GameKind(COOPERATIVE)),
     ],
 )
 def test_the_kind_of_a_game_follows_what_it_declares(spec, kind):
@@ -137,7 +147,7 @@ def test_outcome_stats_count_each_seat_and_the_policys_turns():
     assert stats["invalid_move_rate"] == pytest.approx(1 / 5)
     assert stats["mean_response_tokens"] == pytest.approx((3 + 5 + 4 + 4 + 2) / 5)
     # Its returns 1, -2, 0, -1: mean -0.5, sample variance 5/3, half-width 1.96 * sqrt(5/12) = 1.2652.
-    assert stats["returns"] == [1.0, -2.0, 0.0, -1.0] and stats["opponent_returns"] == [-1.0, 2.0, 0.0, 1.0]
+    assert stats["returns"] == [1.0, -2.0, 0.0, -1.0] and stats["outcomes"] == ["wins", "losses", "draws", "losses"]
     assert stats["mean_return"] == -0.5
     assert stats["mean_return_ci95"] == pytest.approx([-1.765151, 0.765151], abs=1e-6)
     assert stats["mbb_per_hand"] == -500.0 and stats["mbb_per_hand_ci95"] == pytest.approx([-1765.151, 765.151])
@@ -157,7 +167,83 @@ def test_general_sum_games_report_each_sides_return_and_no_wins():
     assert not {"wins", "wins_rate"} & set(stats["seats"]["0"])
 
 
-def _row(candidate, game, opponent, kind, returns, opponent_returns):
+def test_truncated_games_count_in_mean_returns_and_in_no_win_draw_or_loss():
+    trajectories = [
+        _trajectory(("policy", "random"), (1.0, -1.0)),
+        _trajectory(("random", "policy"), (0.0, 0.0), end_reason="turn_cap"),
+        _trajectory(("policy", "random"), (0.5, -0.5), end_reason="turn_cap"),  # ahead when stopped: no win
+        _trajectory(("random", "policy"), (0.0, 0.0)),
+    ]
+    stats = outcome_stats(trajectories, "policy", GameKind(WIN_LOSS))
+    assert [stats[o] for o in ("wins", "draws", "losses", "truncated")] == [1, 1, 0, 2]
+    assert stats["truncated_rate"] == 0.5 and stats["truncated_ci95"] == list(wilson_interval(2, 4))
+    assert stats["mean_return"] == pytest.approx(1.5 / 4)  # the truncated games' returns count
+    assert stats["outcomes"] == ["wins", "truncated", "truncated", "draws"]
+    assert stats["seats"]["0"]["truncated"] == 1 and stats["seats"]["1"]["truncated"] == 1
+    assert primary_figures(stats) == {"wins_rate": 0.25, "draws_rate": 0.25, "losses_rate": 0.0}
+
+
+def test_cooperative_games_report_the_team_score_and_no_wins():
+    trajectories = [
+        _trajectory(("policy", "random"), (3.0, 3.0)),
+        _trajectory(("random", "policy"), (1.0, 1.0), end_reason="turn_cap"),
+    ]
+    stats = outcome_stats(trajectories, "policy", GameKind(COOPERATIVE))
+    assert stats["mean_return"] == 2.0 and stats["truncated"] == 1
+    assert not {"wins", "draws_rate", "losses", "opponent_mean_return"} & set(stats)
+    assert primary_figures(stats) == {"mean_return": 2.0}
+    assert GameKind(COOPERATIVE).score(3.0, "draws") == 3.0 and not GameKind(COOPERATIVE).has_winners
+
+
+def test_a_truncated_win_lose_game_leaves_its_pair_out_of_paired_differences():
+    board = GameKind(WIN_LOSS)
+    matches = [
+        _row("base", "tictactoe", "random", board, [1, -1, 0, -1], [-1, 1, 0, 1], truncated={2}),
+        # Win, win (truncated: no score), draw, win: the differences of games 0, 3 are 0 and 1.
+        _row("new", "tictactoe", "random", board, [1, 1, 0, 1], [-1, -1, 0, -1], truncated={1}),
+    ]
+    row = paired_comparison(matches, "base")["differences"][0]
+    assert row["games"] == 2 and row["difference"] == 0.5
+
+
+def test_against_fixed_opponents_the_candidate_takes_each_of_three_seats_in_turn():
+    matches = pairing_matches("openspiel:kuhn_poker(players=3)", "policy", "random", [5, 6, 7, 8], seats=3)
+    assert [m.players for m in matches] == [
+        ("policy", "random", "random"),
+        ("random", "policy", "random"),
+        ("random", "random", "policy"),
+        ("policy", "random", "random"),
+    ]
+    assert [m.seed for m in matches] == [5, 6, 7, 8]
+    # Two seats: alternating, as the round robin pairs two checkpoints.
+    assert [m.players for m in pairing_matches("tictactoe", "a", "b", [1, 2])] == [("a", "b"), ("b", "a")]
+
+
+def test_three_player_outcomes_are_rank_based_and_returns_are_per_seat():
+    trajectories = [
+        _trajectory(("policy", "random", "random"), (2.0, -1.0, -1.0)),  # highest alone: a win
+        _trajectory(("random", "policy", "random"), (1.0, 1.0, -2.0)),  # tied for the highest: a draw
+        _trajectory(("random", "random", "policy"), (2.0, -1.0, -1.0)),  # another seat higher: a loss
+        _trajectory(("policy", "random", "random"), (-1.0, 2.0, -1.0), end_reason="turn_cap"),  # truncated
+    ]
+    stats = outcome_stats(trajectories, "policy", GameKind(PAYOFF, 1.0))
+    assert [stats[o] for o in ("wins", "draws", "losses", "truncated")] == [1, 1, 1, 1]
+    assert stats["outcomes"] == ["wins", "draws", "losses", "truncated"]
+    # Returns 2, 1, -1, -1: mean 0.25, sample variance 6.75 / 3 = 2.25, half-width 1.96 * 1.5 / 2 = 1.469973.
+    assert stats["mean_return"] == 0.25 and stats["mbb_per_hand"] == 250.0
+    assert stats["mean_return_ci95"] == pytest.approx([-1.219973, 1.719973], abs=1e-6)
+    seats = stats["seats"]
+    assert sorted(seats) == ["0", "1", "2"] and [seats[s]["games"] for s in "012"] == [2, 1, 1]
+    assert [seats[s]["mean_return"] for s in "012"] == [0.5, 1.0, -1.0]
+    assert (seats["0"]["wins"], seats["0"]["truncated"], seats["1"]["draws"], seats["2"]["losses"]) == (1, 1, 1, 1)
+    # In a general-sum game, the other seats' mean return per game: -1, -0.5, 0.5, 0.5.
+    assert outcome_stats(trajectories, "policy", GameKind(GENERAL_SUM))["opponent_mean_return"] == -0.125
+
+
+def _row(candidate, game, opponent, kind, returns, opponent_returns, truncated=()):
+    """A row of `outcome_stats` as paired comparisons read it; the games numbered in `truncated`
+    were stopped by a turn cap."""
+    outcomes = [seat_outcome(pair, 0) for pair in zip(returns, opponent_returns)]
     return {
         "candidate": candidate,
         "step": None,
@@ -165,7 +251,7 @@ def _row(candidate, game, opponent, kind, returns, opponent_returns):
         "opponent": opponent,
         "kind": {"name": kind.name, "big_blind": kind.big_blind},
         "returns": returns,
-        "opponent_returns": opponent_returns,
+        "outcomes": ["truncated" if i in truncated else o for i, o in enumerate(outcomes)],
     }
 
 
@@ -355,7 +441,8 @@ def test_a_tiny_suite_evaluates_end_to_end_and_repeats_exactly(trained_run, tmp_
     ]
     assert [(s["game"], s["opponent"]) for s in first["skipped"]] == [("tictactoe", "nash")]
     for row in first["matches"]:
-        assert row["games"] == 6 and row["wins"] + row["draws"] + row["losses"] == 6
+        # Both games end within their own maximum length, the default turn cap: none is truncated.
+        assert row["games"] == 6 and row["wins"] + row["draws"] + row["losses"] == 6 and row["truncated"] == 0
         assert row["seats"]["0"]["games"] == row["seats"]["1"]["games"] == 3
         assert row["wins_ci95"][0] <= row["wins_rate"] <= row["wins_ci95"][1]
         assert row["mean_return"] == pytest.approx(sum(row["returns"]) / 6)
@@ -390,8 +477,35 @@ def test_a_tiny_suite_evaluates_end_to_end_and_repeats_exactly(trained_run, tmp_
         assert f"]({plot})" in report
     assert "Not played: tictactoe against nash" in report
     assert "### kuhn_poker: judged by mean return per game" in report
-    assert "| checkpoint | step | opponent | games | mean return | seat 0 | seat 1 | mbb/hand | win |" in report
-    assert "| checkpoint | step | opponent | games | win | draw | loss | mean return |" in report
+    assert "| games | mean return | seat 0 | seat 1 | mbb/hand | win | draw | loss | truncated |" in report
+    assert "| checkpoint | step | opponent | games | win | draw | loss | truncated | mean return |" in report
     assert "run/step-000002 | 2 | nash | 6 |" in report
     assert "## Compared with run/step-000001" in report
     assert "run/step-000002 against run/step-000001: significantly better on" in report
+
+
+def test_a_three_player_game_evaluates_end_to_end_with_paired_comparison(tiny_model_dir, tmp_path):
+    """Two copies of the tiny model meet the same deals in the same seats, so every paired
+    difference is 0; the round robin, which pairs two checkpoints, is left out with its reason."""
+    copy = shutil.copytree(tiny_model_dir, tmp_path / "copy")
+    game, out = "openspiel:kuhn_poker(players=3)", tmp_path / "eval"
+    argv = ["eval", "--checkpoints", str(tiny_model_dir), str(copy), "--games", game, "--episodes", "3"]
+    argv += ["--opponents", "random,nash", "--decoding", "legal", "--max-new-tokens", "4", "--seed", "3"]
+    assert main([*argv, "--no-exploitability", "--no-progress", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert [(s["game"], s["opponent"]) for s in results["skipped"]] == [(game, "nash")]  # two-player only
+    first, second = results["matches"]
+    assert first["opponent"] == second["opponent"] == "random"
+    for row in (first, second):
+        assert row["games"] == 3 and row["wins"] + row["draws"] + row["losses"] + row["truncated"] == 3
+        assert {seat: figures["games"] for seat, figures in row["seats"].items()} == {"0": 1, "1": 1, "2": 1}
+    assert first["returns"] == second["returns"] and first["outcomes"] == second["outcomes"]
+    (difference,) = results["comparison"]["differences"]
+    assert difference["difference"] == 0.0 and difference["verdict"] == "indistinguishable"
+    assert results["round_robin"] == {}
+    assert results["round_robin_skipped"] == [
+        {"game": game, "reason": "3 players: the round robin pairs two checkpoints in a two-player game"}
+    ]
+    report = (out / "report.md").read_text()
+    assert "| mean return | seat 0 | seat 1 | seat 2 | mbb/hand | win | draw | loss | truncated |" in report
+    assert f"No round robin: {game} (3 players" in report

@@ -37,12 +37,13 @@ def test_tally_against_hand_counts():
         MatchResult("g", 2, ("a", "b"), (0.0, 0.0), (0, 0), 50, "turn_cap"),
     ]
     a, b = tally(results)
-    assert (a.agent, a.games, a.wins, a.draws, a.losses, a.invalid_moves) == ("a", 3, 1, 1, 1, 1)
+    # The game stopped by the turn cap is truncated, neither a draw nor anything else.
+    assert (a.agent, a.games, a.wins, a.draws, a.losses, a.truncated, a.invalid_moves) == ("a", 3, 1, 0, 1, 1, 1)
     assert a.mean_reward == pytest.approx((1.0 - 1.5 + 0.0) / 3)
-    assert (b.wins, b.draws, b.losses, b.invalid_moves, b.total_reward) == (1, 1, 1, 0, -0.5)
+    assert (b.wins, b.draws, b.losses, b.truncated, b.invalid_moves, b.total_reward) == (1, 0, 1, 1, 0, -0.5)
     table = format_table([a, b]).splitlines()
-    assert table[0].split() == ["agent", "games", "wins", "draws", "losses", "invalid", "mean", "reward"]
-    assert table[2].split() == ["a", "3", "1", "1", "1", "1", "-0.167"]
+    assert table[0].split() == ["agent", "games", "wins", "draws", "losses", "truncated", "invalid", "mean", "reward"]
+    assert table[2].split() == ["a", "3", "1", "0", "1", "1", "1", "-0.167"]
 
 
 def run_cli(capsys, *args):
@@ -71,6 +72,18 @@ def test_play_json_is_reproducible(capsys):
     for agent in summary["agents"]:
         assert agent["wins"] + agent["draws"] + agent["losses"] == 30
     assert run_cli(capsys, *args)[1] == out
+
+
+def test_play_reports_games_stopped_by_a_turn_cap_as_truncated_and_warns_once(capsys):
+    args = ("play", "openspiel:othello", "--agents", "random,random", "--episodes", "4", "--json", "--no-progress")
+    code, out, err = run_cli(capsys, *args, "--max-turns", "10")
+    summary = json.loads(out)
+    assert code == 0 and summary["truncated"] == 4 and summary["mean_turns"] == 10
+    assert all(agent["truncated"] == 4 and agent["draws"] == 0 for agent in summary["agents"])
+    assert err.count("warning:") == 1 and "4 of 4 games were stopped by a turn cap" in err
+    # By default Othello is played to its end (OpenSpiel's max_game_length() is its cap).
+    code, out, err = run_cli(capsys, *args)
+    assert json.loads(out)["truncated"] == 0 and json.loads(out)["mean_turns"] > 50 and "warning" not in err
 
 
 def test_play_table(capsys):
@@ -176,3 +189,12 @@ def test_numeric_options_out_of_range_are_one_line_errors(capsys, verb, option, 
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.startswith(f"selfplay: error: {message}")
     assert err.count("\n") == 1 and f"(see `selfplay {verb} --help`)" in err
+
+
+def test_play_reports_a_cooperative_game_by_its_team_score(capsys):
+    game = "openspiel:hanabi(players=2, colors=1, ranks=2, hand_size=2, max_information_tokens=3, max_life_tokens=1)"
+    code, out, _ = run_cli(capsys, "play", game, "--agents", "random,random", "--episodes", "6", "--no-progress")
+    assert code == 0 and "A cooperative game: every player shares one score. Mean team score" in out
+    assert "wins" not in out
+    summary = json.loads(run_cli(capsys, "play", game, "--agents", "random,random", "--episodes", "6", "--json")[1])
+    assert summary["cooperative"] and summary["team_score"] == summary["agents"][0]["mean_reward"]

@@ -42,7 +42,29 @@ def test_connect_four_state_shows_each_player_its_own_pieces_as_x():
     assert "agent 'player_1'" in theirs
     tensor = game.observation_tensor(0)
     assert tensor.dtype == np.float32 and tensor.shape == (6, 7, 2) and tensor.sum() == 3
-    assert "which column" in game.rules
+    assert "Moves: Your move is a column number, 0 (left) to 6 (right)" in game.rules
+    assert "line up four" in game.rules and "$" not in game.rules  # no LaTeX pasted from the docs
+
+
+def test_go_board_shows_the_player_to_move_and_the_waiting_one_their_own_stones_as_x():
+    env = make_env("pettingzoo:pettingzoo.classic.go_v5(board_size=5)")
+    env.reset(seed=0)
+    env.step(env.answer("1"))  # black at row 0, column 1
+    env.step(env.answer("7"))  # white at row 1, column 2
+    black, white = env.observe("player_0")["view"].splitlines(), env.observe("player_1")["view"].splitlines()
+    assert black[2:4] == [" 0 . X . . .", " 1 . . O . ."] and white[2:4] == [" 0 . O . . .", " 1 . . X . ."]
+    assert "row r and column c is 5 * r + c" in env.game.rules and "25 passes" in env.game.rules
+
+
+def test_a_board_of_unknown_feature_planes_is_refused(monkeypatch):
+    class Planes(_FakeEnv):
+        def observe(self, agent):
+            return {"observation": np.zeros((3, 3, 4), dtype=np.int8)}
+
+    discrete = gymnasium.spaces.Discrete(9)
+    obs = {"observation": np.zeros((3, 3, 4)), "action_mask": np.ones(9, dtype=np.int8)}
+    with pytest.raises(UserError, match="fake_v0' encodes its board as 4 feature planes.*connect_four, tictactoe, go"):
+        make_game(_fake_module(monkeypatch, "fake_planes", env=lambda: Planes(discrete, obs)))
 
 
 def test_parse_is_lenient_and_rejects_illegal_moves():

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 from pettingzoo.test import api_test, seed_test
 
+from selfplay.cli import main
 from selfplay.errors import UserError
 from selfplay.games import make_env, make_game
 from selfplay.games.registry import NATIVE_GAMES, parse_spec, registered_games
@@ -39,7 +40,7 @@ def test_parse_spec(spec, expected):
         ("tictactoe(size=4)", "Game 'tictactoe' does not take the parameters {'size': 4}"),
         ("openspiel:no_such_game", "OpenSpiel has no game 'no_such_game'"),
         ("openspiel:tic_tac_toe(rows=3)", "OpenSpiel game 'tic_tac_toe' has no parameter 'rows'"),
-        ("openspiel:kuhn_poker(players=3)", "has 3 players"),
+        ("openspiel:blackjack", "has 1 player; self-play needs 2 or more"),
         ("not a spec!", "is not a game spec"),
     ],
 )
@@ -88,3 +89,18 @@ def test_readme_example_registers_through_entry_point(installed_example_package)
         env.step(env.answer(move))
     assert env.end_reason == "game_over"
     assert env.episode_returns == {"player_0": -1.0, "player_1": 1.0}
+
+
+def test_a_broken_plugin_is_a_warning_naming_it_and_the_rest_of_the_registry_works(tmp_path, monkeypatch, capsys):
+    dist = tmp_path / "broken_games-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-games\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[selfplay.games]\nbroken = no_such_module_here:Game\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["games", "list"]) == 0
+    out, err = capsys.readouterr()
+    assert "tictactoe" in out and "broken" not in out
+    assert err.count("warning") == 1 and "'broken'" in err and "no_such_module_here:Game" in err
+    with pytest.raises(UserError, match="'broken' that a package registers.*cannot be loaded"):
+        make_game("broken")
+    make_game("tictactoe")

@@ -388,3 +388,33 @@ def test_a_full_disk_stops_the_run_clearly_and_keeps_the_last_checkpoint(run_cop
     monkeypatch.setattr(checkpoint, "save_file", write)
     resume(run_copy, ["steps=4"])  # once there is space again
     assert list_checkpoints(run_copy)[-1].name == "step-000004"
+
+
+HANABI = "openspiel:hanabi(players=2, colors=1, ranks=2, hand_size=2, max_information_tokens=3, max_life_tokens=1)"
+
+
+@pytest.mark.parametrize(
+    "game, opponents, logged",
+    [
+        (HANABI, "{self: 1}", f"team_score/{HANABI}"),  # cooperative: one shared score, no wins or losses
+        ("openspiel:kuhn_poker(players=3)", "{self: 1, random: 1}", "return/openspiel:kuhn_poker(players=3)/player_2"),
+    ],
+)
+def test_cooperative_and_three_player_games_train_end_to_end(tiny_model_dir, tmp_path, game, opponents, logged):
+    run_dir = tmp_path / "run"
+    overrides = [
+        "steps=2",
+        f"games={{'{game}': 1}}",
+        f"opponents={opponents}",
+        "rollout.games_per_step=6",
+        "rollout.max_new_tokens=12",
+        "rollout.decoding=legal",
+        f"model={tiny_model_dir}",
+        f"run_dir={run_dir}",
+    ]
+    trainer = Trainer(load_config(None, overrides), progress=False)
+    initial = {k: v.clone() for k, v in trainer.learner.model.state_dict().items()}
+    metrics = trainer.run()
+    assert any(not torch.equal(initial[k], v) for k, v in trainer.learner.model.state_dict().items())
+    assert logged_steps(run_dir, logged) == [1, 2] and metrics["turns/invalid_rate"] == 0.0
+    assert not any(key.startswith("vs/") and "/random" not in key for key in metrics)

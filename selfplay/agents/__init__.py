@@ -49,11 +49,25 @@ AGENTS: dict[str, tuple[Callable[[TextGame, int, str | None], Agent], str]] = {
 
 
 def make_agent(spec: str, game: TextGame, seed: int) -> Agent:
-    """The agent a spec names, built for `game`."""
+    """The agent a spec names, built for `game`. An agent that cannot play the game raises
+    IncompatibleAgentError naming the agents that can."""
     name, _, arg = spec.strip().partition(":")
     if name not in AGENTS:
         raise UnknownAgentError(f"Unknown agent '{spec}'. Agents: {agent_help()}")
-    return AGENTS[name][0](game, seed, arg or None)
+    try:
+        return AGENTS[name][0](game, seed, arg or None)
+    except IncompatibleAgentError as err:
+        others = [other for other in applicable_agents(game) if other != name]
+        raise IncompatibleAgentError(f"{err}; agents that play it: {', '.join(others)}.") from None
+
+
+def applicable_agents(game: TextGame) -> list[str]:
+    """The agents (at their default settings) that can play `game`."""
+    from selfplay.agents.mcts import MCTSAgent
+    from selfplay.agents.nash import NashAgent
+
+    refusals = {"mcts": MCTSAgent.refusal(game), "nash": NashAgent.refusal(game)}
+    return [name for name in AGENTS if refusals.get(name) is None]
 
 
 def agent_help() -> str:
@@ -75,4 +89,12 @@ def _positive_int(name: str, arg: str | None, default: int) -> int:
     return int(arg)
 
 
-__all__ = ["AGENTS", "Agent", "IncompatibleAgentError", "UnknownAgentError", "agent_help", "make_agent"]
+__all__ = [
+    "AGENTS",
+    "Agent",
+    "IncompatibleAgentError",
+    "UnknownAgentError",
+    "agent_help",
+    "applicable_agents",
+    "make_agent",
+]

@@ -26,11 +26,9 @@ class MCTSAgent(Agent):
 
     def __init__(self, game: TextGame, seed: int, simulations: int = DEFAULT_SIMULATIONS):
         super().__init__(game, seed)
-        if not isinstance(game, OpenSpielGame):
-            raise IncompatibleAgentError(
-                f"mcts searches a game's OpenSpiel twin, and {type(game).__name__} has none; "
-                f"use random or human for it."
-            )
+        refusal = self.refusal(game)
+        if refusal:
+            raise IncompatibleAgentError(refusal)
         self.twin = game
         self.simulations = simulations
         spiel_game = game.spiel_game
@@ -48,8 +46,21 @@ class MCTSAgent(Agent):
                 verbose=False,
             )
         else:
-            _require_resampling(spiel_game)
             self.bot = pyspiel.ISMCTSBot(self._seed(), evaluator, uct_c=_UCT_C, max_simulations=simulations)
+
+    @staticmethod
+    def refusal(game: TextGame) -> str | None:
+        """Why mcts cannot play `game`, or None."""
+        if not isinstance(game, OpenSpielGame):
+            return f"mcts searches a game's OpenSpiel twin, and {type(game).__name__} has none"
+        spiel_game = game.spiel_game
+        if spiel_game.get_type().information != pyspiel.GameType.Information.PERFECT_INFORMATION:
+            if not _resamples(spiel_game):
+                return (
+                    f"mcts on a game with hidden information needs OpenSpiel to resample states from "
+                    f"information states, which '{spiel_game}' does not implement"
+                )
+        return None
 
     def _seed(self) -> int:
         return int(self.rng.integers(_SEED_BOUND))
@@ -59,15 +70,13 @@ class MCTSAgent(Agent):
         return env.answer(self.twin.move_name(action))
 
 
-def _require_resampling(spiel_game: pyspiel.Game) -> None:
-    """Raise unless ISMCTS can resample worlds from this game's information states."""
+def _resamples(spiel_game: pyspiel.Game) -> bool:
+    """Whether ISMCTS can resample worlds from this game's information states."""
     state = spiel_game.new_initial_state()
     while state.is_chance_node():
         state.apply_action(state.chance_outcomes()[0][0])
     try:
         state.resample_from_infostate(state.current_player(), lambda: 0.5)
     except pyspiel.SpielError:
-        raise IncompatibleAgentError(
-            f"mcts on a game with hidden information needs OpenSpiel to resample states from "
-            f"information states, which '{spiel_game}' does not implement; use nash or random for it."
-        ) from None
+        return False
+    return True
