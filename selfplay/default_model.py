@@ -3,14 +3,22 @@
 No model hub is reachable on the machines selfplay must run on, so the default model is made
 here: the untrained model of `selfplay.untrained_model` (a tokenizer trained on selfplay's
 games, a small Qwen2), warm-started on random legal play (`selfplay.warm_start`) so that, like
-a pretrained base model, it starts out writing well-formed answers. It is built once, on first
-use, and cached under SELFPLAY_HOME. `model: default` names it; any Hugging Face model name or
-local path works through the same setting.
+a pretrained base model, it starts out writing well-formed answers. The package ships it
+(`selfplay/models/default/`, about 18 MB), checked against the checksums recorded when it was
+built; a checkout without it, or with one from an older recipe, builds it once on first use
+(10-30 minutes on 2 CPU cores) and caches it under SELFPLAY_HOME. The shipped copy is rebuilt by
+
+    python -m selfplay.default_model selfplay/models/default
+
+`model: default` names it; any Hugging Face model name or local path works through the same
+setting.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -27,6 +35,8 @@ DEFAULT_MODEL = "default"
 # cached default model is rebuilt.
 DEFAULT_MODEL_VERSION = 7
 BUILD_INFO = "selfplay_build.json"
+SHIPPED_MODEL = Path(__file__).parent / "models" / DEFAULT_MODEL
+_verified: set[Path] = set()  # shipped models whose checksums this process has checked
 
 
 def selfplay_home() -> Path:
@@ -43,6 +53,9 @@ def resolve_model(name_or_path: str) -> str:
     if name_or_path != DEFAULT_MODEL:
         _check_model(name_or_path)
         return name_or_path
+    if is_current_build(SHIPPED_MODEL):
+        verify_checksums(SHIPPED_MODEL)
+        return str(SHIPPED_MODEL)
     path = default_model_dir()
     if not is_current_build(path):
         with _build_lock(path):
@@ -80,6 +93,36 @@ def is_current_build(path: Path) -> bool:
     except (OSError, ValueError):
         return False
     return info.get("version") == DEFAULT_MODEL_VERSION and (Path(path) / "config.json").exists()
+
+
+def file_checksums(path: Path) -> dict[str, str]:
+    """The SHA-256 of every file of the model directory `path` but its build record."""
+    return {
+        file.name: hashlib.sha256(file.read_bytes()).hexdigest()
+        for file in sorted(Path(path).iterdir())
+        if file.is_file() and file.name != BUILD_INFO
+    }
+
+
+def verify_checksums(path: Path) -> None:
+    """That the model files in `path` are the ones its build recorded; raises UserError naming the
+    first that is missing or changed."""
+    path = Path(path)
+    if path in _verified:
+        return
+    recorded = json.loads((path / BUILD_INFO).read_text()).get("sha256", {})
+    for name, digest in recorded.items():
+        file = path / name
+        problem = "missing" if not file.is_file() else None
+        if problem is None and hashlib.sha256(file.read_bytes()).hexdigest() != digest:
+            problem = "changed"
+        if problem:
+            raise UserError(
+                f"The default model in '{path}' is damaged: {name} is {problem}. "
+                "Reinstall selfplay (in a clone: git checkout selfplay/models/default), or rebuild it with "
+                f"`python -m selfplay.default_model {path}`."
+            )
+    _verified.add(path)
 
 
 @contextlib.contextmanager
@@ -133,6 +176,7 @@ def build_default_model(
             "seed": seed,
             "final_kl": sum(result["losses"][-50:]) / len(result["losses"][-50:]),
             "seconds": round(time.perf_counter() - started, 1),
+            "sha256": file_checksums(scratch),
         }
         (scratch / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
         if out_dir.exists():
@@ -141,3 +185,11 @@ def build_default_model(
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return out_dir
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="Build the default model (the recipe above) into OUT_DIR.")
+    parser.add_argument("out_dir", help="where the model goes, e.g. selfplay/models/default to rebuild the shipped one")
+    parser.add_argument("--steps", type=int, default=STEPS, help=f"warm-start steps (default {STEPS})")
+    args = parser.parse_args()
+    print(build_default_model(args.out_dir, steps=args.steps))
