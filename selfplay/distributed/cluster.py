@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 
@@ -31,7 +32,7 @@ def connect(config: DistributedConfig) -> bool:
             else:
                 # A local instance: as many CPUs as the machine has, or as the workers ask for.
                 cpus = max(os.cpu_count() or 1, config.rollout_workers * config.worker_cpus)
-                ray.init(num_cpus=int(cpus + 0.999), include_dashboard=False, log_to_driver=False)
+                ray.init(num_cpus=math.ceil(cpus), include_dashboard=False, log_to_driver=False)
         except ConnectionError as err:
             reason = str(err).rstrip(".")
             raise UserError(

@@ -22,7 +22,7 @@ from transformers.utils import logging as transformers_logging
 
 from selfplay.backends import PolicyBackend, SamplingSettings, make_backend
 from selfplay.distributed.weight_sync import WeightReceiver
-from selfplay.games import make_game
+from selfplay.games import TextGame, make_game
 from selfplay.records import Trajectory
 from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
 
@@ -47,6 +47,7 @@ class RolloutWorker:
         self.settings = settings
         self.policies: dict[str, PolicyBackend] = {}  # learning players, by name
         self.snapshots: dict[str, PolicyBackend] = {}  # frozen league players, by name
+        self.games: dict[str, TextGame] = {}  # one instance per game spec, asked for its figures
         self.files = Path(tempfile.mkdtemp(prefix="selfplay-worker-"))
         self.receiver = WeightReceiver(self.files)
 
@@ -119,7 +120,9 @@ class RolloutWorker:
         seated.update({name: self.snapshots[name] for name in snapshots})
         engine = RolloutEngine(seated, replace(self.settings, sampling=sampling))
         trajectories = list(engine.run(matches))
-        figures = {spec: make_game(spec).training_metrics() for spec in {m.game for m in matches}}
+        for spec in {m.game for m in matches} - set(self.games):
+            self.games[spec] = make_game(spec)
+        figures = {spec: self.games[spec].training_metrics() for spec in {m.game for m in matches}}
         return trajectories, figures, time.perf_counter() - started
 
     def close(self) -> None:

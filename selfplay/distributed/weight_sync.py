@@ -1,6 +1,6 @@
 """How a learner's new weights reach the rollout workers after each update.
 
-- Object store (`ObjectStoreSync`): the weights as safetensors bytes, put into Ray's object
+- Object store (`put_weights`): the weights as safetensors bytes, put into Ray's object
   store once per update; every worker on a node reads the same shared-memory copy. Simple,
   and it keeps every version a pending game may still need, so a restarted worker can replay
   its games with the weights they were first played with.
@@ -44,13 +44,11 @@ def _process_group(store: dist.Store, prefix: str, rank: int, world_size: int, d
     return dist.ProcessGroupGloo(scoped, rank, world_size, GROUP_TIMEOUT)
 
 
-class ObjectStoreSync:
-    """Weights through Ray's object store: `publish` puts them once and returns the reference
-    each worker's `load_policy` call is given."""
-
-    def publish(self, weights: dict[str, torch.Tensor]):
-        data = weights_bytes(weights)
-        return ray.put(data), len(data)
+def put_weights(weights: dict[str, torch.Tensor]) -> tuple[ray.ObjectRef, int]:
+    """`weights` put into Ray's object store once: the reference each worker's `load_policy`
+    call is given, and the bytes put."""
+    data = weights_bytes(weights)
+    return ray.put(data), len(data)
 
 
 class CollectiveSync:

@@ -31,7 +31,7 @@ import torch
 from selfplay.backends import SamplingSettings
 from selfplay.config import DistributedConfig
 from selfplay.distributed.rollout_worker import RolloutWorker
-from selfplay.distributed.weight_sync import CollectiveSync, ObjectStoreSync
+from selfplay.distributed.weight_sync import CollectiveSync, put_weights
 from selfplay.records import Trajectory
 from selfplay.rollouts import MatchSpec, RolloutSettings
 
@@ -98,7 +98,6 @@ class RolloutWorkers:
         self.collective = CollectiveSync(learner_device) if config.weight_sync == "collective" else None
         if self.collective is not None:
             self.collective.connect(self.workers)
-        self.object_store = ObjectStoreSync()
         self.weights: dict[tuple[str, int], object] = {}  # (player, version) -> object store reference
         self.current: dict[str, int] = {}  # each learning player's newest version
         self.snapshot_refs: dict[str, tuple[object, int]] = {}  # snapshot -> (reference, version)
@@ -131,7 +130,7 @@ class RolloutWorkers:
                 self.loads[index].append(load)
                 self.loaded[index][name] = version
         else:
-            self.weights[(name, version)], sent = self.object_store.publish(weights)
+            self.weights[(name, version)], sent = put_weights(weights)
         self.current[name] = version
         self.published_bytes += sent
 
