@@ -35,6 +35,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from selfplay.backends.base import save_weights
 from selfplay.config import LearnerConfig
+from selfplay.errors import UserError
 from selfplay.legal_decoding import Choices
 from selfplay.scoring import autocast, pick_device, response_logprobs, response_logprobs_and_entropy
 
@@ -368,10 +369,11 @@ def _sharing_weights(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _with_lora(model, config: LearnerConfig, adapter_path: str | Path | None):
-    from peft import LoraConfig, PeftModel, get_peft_model
+    """`model` with LoRA adapters as the config sets them, holding the saved adapter weights at
+    `adapter_path` if given. A resumed adapter is built exactly as a new one (not from its saved
+    config, whose module set may list in another order), so that it saves the same bytes."""
+    from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 
-    if adapter_path is not None:
-        return PeftModel.from_pretrained(model, str(adapter_path), is_trainable=True)
     lora = LoraConfig(
         r=config.lora.rank,
         lora_alpha=config.lora.alpha,
@@ -379,7 +381,18 @@ def _with_lora(model, config: LearnerConfig, adapter_path: str | Path | None):
         target_modules=list(config.lora.target_modules),
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, lora)
+    peft_model = get_peft_model(model, lora)
+    if adapter_path is not None:
+        device = str(next(model.parameters()).device)
+        weights = safetensors.torch.load_file(Path(adapter_path) / "adapter_model.safetensors", device=device)
+        mismatch = f"The LoRA adapter at {adapter_path} does not fit the LoRA settings of this run"
+        try:
+            result = set_peft_model_state_dict(peft_model, weights)
+        except RuntimeError:  # a tensor of another rank
+            raise UserError(f"{mismatch} (its rank differs); resume with the settings it was trained with.") from None
+        if result.unexpected_keys or any("lora_" in key for key in result.missing_keys):
+            raise UserError(f"{mismatch} (its modules differ); resume with the settings it was trained with.")
+    return peft_model
 
 
 @contextlib.contextmanager

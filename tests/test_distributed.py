@@ -41,6 +41,13 @@ def local_ray():
     ensure_local_ray()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def no_ray_after_this_module():
+    """Ray's processes would otherwise run beside every later test."""
+    yield
+    ray.shutdown()
+
+
 def train(tiny_model_dir, run_dir, overrides=(), after_submit=None, resume=False) -> tuple[list[bytes], dict]:
     """Train a small league; returns each step's records (pickled, in a fixed order) and the
     last step's metrics. `after_submit(trainer, step)` runs once a step's games are handed out."""
@@ -126,20 +133,16 @@ def test_one_worker_gives_byte_identical_records_to_a_run_without_ray(tiny_model
 
 
 @pytest.mark.slow
-def test_a_broadcast_over_gloo_sends_the_weights_the_object_store_does(tiny_model_dir, tmp_path, two_workers):
-    collective, _ = train(
-        tiny_model_dir, tmp_path, ["distributed.rollout_workers=2", "distributed.weight_sync=collective"]
-    )
-    assert collective == two_workers
-
-
-@pytest.mark.slow
 def test_a_worker_killed_mid_step_is_replaced_and_its_games_played_again(tiny_model_dir, tmp_path, two_workers):
+    """Over a gloo broadcast, which the replacement joins, against the reference run's object
+    store: the same weights reach the workers, so the same records come back."""
+
     def kill_worker_during_step_two(trainer, step):
         if step == 2:
             os.kill(trainer.workers.places[0][1], signal.SIGKILL)
 
-    steps, metrics = train(tiny_model_dir, tmp_path, ["distributed.rollout_workers=2"], kill_worker_during_step_two)
+    broadcast = ["distributed.rollout_workers=2", "distributed.weight_sync=collective"]
+    steps, metrics = train(tiny_model_dir, tmp_path, broadcast, kill_worker_during_step_two)
     assert steps == two_workers  # replayed with the weights the step was first played with
     assert_store_holds_every_game_once(tmp_path)
 

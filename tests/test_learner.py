@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM
 from selfplay.backends import SamplingSettings
 from selfplay.backends.hf_backend import HFBackend
 from selfplay.config import LearnerConfig, LoraConfig
+from selfplay.errors import UserError
 from selfplay.games import make_env
 from selfplay.learner import Learner, NonFiniteUpdate, Sample, scheduled_lr
 from selfplay.prompts import opening_messages, prompt_ids
@@ -181,6 +182,9 @@ def test_lora_trains_adapters_only_and_exports_merged_weights(tiny_model_dir, pr
     with torch.no_grad():
         again = response_logprobs(resumed.model, [prompt], [[5, 6, 7]])[0]
     assert torch.allclose(ours, again, atol=1e-5)
+    for other in (LoraConfig(rank=8, alpha=8.0), LoraConfig(rank=4, alpha=8.0, target_modules=["q_proj"])):
+        with pytest.raises(UserError, match="does not fit the LoRA settings of this run"):
+            Learner(str(tiny_model_dir), LearnerConfig(lr=1e-2, lora=other), seed=0, resume_from=tmp_path / "model")
 
 
 def test_bf16_autocast_updates(tiny_model_dir, prompt):

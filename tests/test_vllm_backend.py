@@ -215,19 +215,6 @@ def test_legal_decoding_writes_a_choice_with_the_learners_masked_logprobs(backen
         assert len({g.text for g in generations}) > 3
 
 
-def test_close_releases_the_engine_and_another_can_start(tiny_model_dir, prompts):
-    psutil = pytest.importorskip("psutil")
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
-    second = VLLMBackend(str(tiny_model_dir))
-    started = {p.pid for p in psutil.Process().children(recursive=True)} - before
-    assert started  # the engine runs in processes of its own
-    assert len(second.generate(prompts[:2], SamplingSettings(8, temperature=0.0))) == 2
-    second.close()
-    second.close()  # idempotent
-    _, alive = psutil.wait_procs([psutil.Process(pid) for pid in started if psutil.pid_exists(pid)], timeout=10)
-    assert not alive
-
-
 def test_load_weights_serves_the_new_weights(backend, prompts, hf_model, tiny_model_dir, tmp_path):
     """Runs last in this module: it leaves the shared engine on version 1."""
     greedy = SamplingSettings(max_new_tokens=24, temperature=0.0)
@@ -276,9 +263,16 @@ def test_load_weights_serves_the_new_weights(backend, prompts, hf_model, tiny_mo
     assert all(g.policy_version == 3 for g in backend.generate(prompts[:2], greedy))
 
 
-def test_a_bf16_engine_serves_the_learners_fp32_weights(tiny_model_dir, prompts, hf_model, tmp_path):
-    """The learner writes fp32 weights; a bf16 engine rounds them as it loads them."""
+def test_a_second_bf16_engine_serves_the_learners_fp32_weights_and_close_releases_it(
+    tiny_model_dir, prompts, hf_model, tmp_path
+):
+    """The learner writes fp32 weights; a bf16 engine, started beside the module's engine, rounds
+    them as it loads them. Closing it ends the processes it ran in."""
+    psutil = pytest.importorskip("psutil")
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
     engine = make_backend("vllm", str(tiny_model_dir), "bf16")
+    started = {p.pid for p in psutil.Process().children(recursive=True)} - before
+    assert started  # the engine runs in processes of its own
     try:
         model = perturbed(hf_model)
         engine.load_weights(save_weights(model, tmp_path / "learner.safetensors"), version=1)
@@ -290,6 +284,9 @@ def test_a_bf16_engine_serves_the_learners_fp32_weights(tiny_model_dir, prompts,
         assert served < BF16_LOGPROB_TOLERANCE < replaced
     finally:
         engine.close()
+    engine.close()  # idempotent
+    _, alive = psutil.wait_procs([psutil.Process(pid) for pid in started if psutil.pid_exists(pid)], timeout=10)
+    assert not alive
 
 
 def perturbed(model, scale: float = 0.05):
