@@ -36,6 +36,10 @@ from selfplay.rollouts import RolloutSettings
 Probabilities = dict[str, dict[int, float]]  # state_key -> {OpenSpiel action: probability}
 
 
+# The games whose every decision state the probe asks in seconds on a CPU.
+SUPPORTED_GAMES = ("tictactoe",)
+
+
 def perfect_information_twin(game: str) -> pyspiel.Game:
     """`game`'s OpenSpiel twin, refused unless it is a zero-sum game of perfect information."""
     spiel_game = twin_env(game).game.spiel_game
@@ -54,6 +58,12 @@ def state_probabilities(model, tokenizer, game: str, rollout: RolloutSettings = 
     return scored_states(
         states, model_scorer(model, tokenizer, decoding=sampling.decoding, temperature=sampling.temperature)
     )
+
+
+def exact_non_loss(model, tokenizer, game: str, rollout: RolloutSettings = RolloutSettings()) -> list[float]:
+    """For each seat, the exact probability that the model, asked and sampled as `rollout` says,
+    does not lose against a uniformly random opponent."""
+    return non_loss_vs_random(perfect_information_twin(game), state_probabilities(model, tokenizer, game, rollout))
 
 
 def greedy(probabilities: Probabilities) -> Probabilities:

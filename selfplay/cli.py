@@ -76,10 +76,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     config = overrides.pop(0) if overrides and "=" not in overrides[0] else None  # else only overrides
     recipe = find_yaml(config, "recipe") if config is not None else None
     metrics = train_command(recipe, overrides, args.resume, progress=not args.no_progress)
-    # The last step's figures, and its evaluation against the fixed opponents when it ran one.
-    shown = ("reward/", "vs/", "turns/invalid", "eval/")
-    summary = {k: round(v, 4) for k, v in metrics.items() if k.startswith(shown)}
-    print(json.dumps(summary, indent=2))
+    if not any(name.startswith("eval/") for name in metrics):  # else the run ended with its evaluation table
+        shown = ("reward/", "vs/", "turns/invalid")  # the last step's figures
+        print(json.dumps({k: round(v, 4) for k, v in metrics.items() if k.startswith(shown)}, indent=2))
     return 0
 
 

@@ -170,6 +170,8 @@ class EvalConfig:
     games: list[str] = field(default_factory=list)  # empty: the training games
     opponents: list[str] = field(default_factory=lambda: ["random"])  # fixed opponents, both seats
     episodes: Annotated[int, Bounds(1, MAX_EPISODES)] = 32  # games per game and opponent
+    # Also evaluate the initial policy (step 0), so that a run ends with a before/after table.
+    before_training: bool = True
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ for each part of selfplay that writes or reads it.
       league/snapshots/PLAYER@STEP.safetensors   the weights of the league's frozen snapshots
       sync/PLAYER.safetensors                    each learning player's latest weights, for its backend
       tensorboard/                               the metrics
+      eval.jsonl                                 each evaluation of the policy (`selfplay.evaluation.training_curve`)
+      learning_curve.png                         those evaluations by step
 """
 
 from __future__ import annotations
@@ -60,6 +62,14 @@ class RunDir:
     @property
     def tensorboard(self) -> Path:
         return self.path / "tensorboard"
+
+    @property
+    def eval_log(self) -> Path:
+        return self.path / "eval.jsonl"
+
+    @property
+    def learning_curve(self) -> Path:
+        return self.path / "learning_curve.png"
 
     @classmethod
     def of_snapshot(cls, weights: str | Path) -> RunDir | None:

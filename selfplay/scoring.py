@@ -62,8 +62,10 @@ def response_hidden(model, prompts: Sequence[Sequence[int]], responses: Sequence
 
     The prompts' common prefix (a game's rules, in practice most of the prompt) runs once and
     its keys and values are repeated across the batch; gradients through it are the same as
-    running it per row. The rest is right-padded: padding comes after every real token, so
-    causal attention keeps it out without a mask and positions match those at sampling time.
+    running it per row. Without gradients (a probe scoring every legal move of a state), a
+    prompt that several responses share runs once too, its responses after it. With them, each
+    row runs whole: through shared prompts, a resumed run's update came out different in its
+    last bits from the unbroken run's, and a resumed run must repeat the run it resumes.
     """
     device = next(model.parameters()).device
     decoder = model.get_decoder()
@@ -71,21 +73,75 @@ def response_hidden(model, prompts: Sequence[Sequence[int]], responses: Sequence
     shared = min(len(p) for p in prompts) - 1
     for prompt in prompts[1:]:
         shared = next((i for i in range(shared) if prompt[i] != first[i]), shared)
+    distinct = {tuple(prompt): None for prompt in prompts}
+    whole_rows = len(distinct) == len(prompts) or torch.is_grad_enabled()
     cache = None
     if shared > 0:
         prefix = torch.tensor([list(first[:shared])], device=device)
         cache = decoder(input_ids=prefix, use_cache=True).past_key_values
-        cache.batch_repeat_interleave(len(prompts))
-    width = max(len(p) + len(r) for p, r in zip(prompts, responses)) - 1 - shared
-    rest = torch.zeros((len(prompts), width), dtype=torch.long)
+        cache.batch_repeat_interleave(len(prompts) if whole_rows else len(distinct))
+    if whole_rows:
+        return _whole_rows_hidden(decoder, prompts, responses, shared, cache)
+    return _shared_prompts_hidden(decoder, list(distinct), prompts, responses, shared, cache)
+
+
+def _right_padded(rows: Sequence[Sequence[int]], width: int) -> torch.Tensor:
+    padded = torch.zeros((len(rows), width), dtype=torch.long)
+    for row, tokens in enumerate(rows):
+        padded[row, : len(tokens)] = torch.tensor(list(tokens), dtype=torch.long)
+    return padded
+
+
+def _whole_rows_hidden(decoder, prompts, responses, shared: int, cache) -> torch.Tensor:
+    """Each row's prompt (after the shared prefix) and response in one pass. Rows are
+    right-padded: padding comes after every real token, so causal attention keeps it out
+    without a mask and positions match those at sampling time."""
+    device = decoder.device
+    sequences = [[*prompt, *response][shared:-1] for prompt, response in zip(prompts, responses)]
     rows, cols = [], []
     for row, (prompt, response) in enumerate(zip(prompts, responses)):
-        sequence = [*prompt, *response][shared:-1]
-        rest[row, : len(sequence)] = torch.tensor(sequence)
         rows += [row] * len(response)
         cols += range(len(prompt) - 1 - shared, len(prompt) - 1 - shared + len(response))
-    hidden = decoder(input_ids=rest.to(device), past_key_values=cache, use_cache=cache is not None).last_hidden_state
+    rest = _right_padded(sequences, max(map(len, sequences))).to(device)
+    hidden = decoder(input_ids=rest, past_key_values=cache, use_cache=cache is not None).last_hidden_state
     return hidden[rows, cols]
+
+
+def _shared_prompts_hidden(decoder, distinct, prompts, responses, shared: int, cache) -> torch.Tensor:
+    """Each distinct prompt once (after the shared prefix), then every response after its own
+    prompt's keys and values. Prompts differ in length, so the responses' pass masks the
+    padding between a prompt's end and its response and numbers positions from the prompt's
+    end, as sampling did."""
+    device = decoder.device
+    index = {prompt: i for i, prompt in enumerate(distinct)}
+    of_row = [index[tuple(prompt)] for prompt in prompts]
+    suffixes = [prompt[shared:] for prompt in distinct]
+    width = max(map(len, suffixes))
+    out = decoder(input_ids=_right_padded(suffixes, width).to(device), past_key_values=cache, use_cache=True)
+    # The hidden state after each prompt's last token predicts its responses' first token.
+    ends = [len(prompts[row]) - shared - 1 for row in range(len(prompts))]
+    first_tokens = out.last_hidden_state[of_row, ends]
+    longest = max(map(len, responses)) - 1
+    if longest == 0:
+        return first_tokens
+    cache = out.past_key_values
+    cache.batch_select_indices(torch.tensor(of_row, device=device))
+    mask = torch.zeros((len(prompts), shared + width + longest), dtype=torch.long)
+    mask[:, :shared] = 1
+    for row, end in enumerate(ends):
+        mask[row, shared : shared + end + 1] = 1
+    mask[:, shared + width :] = 1
+    positions = torch.tensor([len(prompt) for prompt in prompts])[:, None] + torch.arange(longest)
+    rest = decoder(
+        input_ids=_right_padded([response[:-1] for response in responses], longest).to(device),
+        attention_mask=mask.to(device),
+        position_ids=positions.to(device),
+        past_key_values=cache,
+    ).last_hidden_state
+    hidden = []
+    for row, response in enumerate(responses):
+        hidden += [first_tokens[row : row + 1], rest[row, : len(response) - 1]]
+    return torch.cat(hidden)
 
 
 def response_logprobs(

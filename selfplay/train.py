@@ -44,10 +44,19 @@ from selfplay.checkpoint import (
 from selfplay.config import TrainConfig, config_to_dict, load_config
 from selfplay.default_model import resolve_model
 from selfplay.errors import UserError
+from selfplay.evaluation import exact_play
 from selfplay.evaluation.evaluate import plan_pairings, play_opponents
 from selfplay.evaluation.exploitability import SUPPORTED_GAMES, policy_exploitability
 from selfplay.evaluation.game_kinds import primary_figures
 from selfplay.evaluation.scoreboard import game_outcome, truncation_warning
+from selfplay.evaluation.training_curve import (
+    Evaluation,
+    append_evaluation,
+    evaluation_table,
+    keep_evaluations_up_to,
+    plot_learning_curve,
+    read_evaluations,
+)
 from selfplay.games import make_game
 from selfplay.games.registry import is_cooperative
 from selfplay.league.manager import League, initial_players, roles_of
@@ -235,6 +244,8 @@ class Trainer:
         self.players[MAIN] = main
         if checkpoint is None:  # once the model has loaded: a run that cannot start leaves no directory
             start_run_dir(self.run_dir, config)
+        else:
+            keep_evaluations_up_to(RunDir(self.run_dir).eval_log, self.step)
         warn_if_bf16_emulated(
             {  # a backend that does not say its device (vLLM) is not checked
                 "learner.precision": (config.learner.precision, main.learner.device),
@@ -416,7 +427,10 @@ class Trainer:
         deadline = time.monotonic() + 60 * self.config.max_minutes if self.config.max_minutes else math.inf
         all_invalid_steps = 0
         truncation_warned = False
+        evaluating = bool(self.config.eval.every)
         try:
+            if evaluating and self.config.eval.before_training and self.step == 0:
+                self._log(self.evaluate())
             while self.step < self.config.steps:
                 self.step += 1
                 metrics = self.train_step()
@@ -443,6 +457,11 @@ class Trainer:
                     self.save()
                 if out_of_time:
                     break
+            evaluations = read_evaluations(RunDir(self.run_dir).eval_log)
+            if evaluating and (not evaluations or evaluations[-1].step != self.step):
+                final = self.evaluate()  # the policy the run ends with
+                self._log(final)
+                metrics.update(final)
         finally:
             bar.close()
             self.writer.close()
@@ -450,7 +469,20 @@ class Trainer:
                 backend.close()
             self.league.close()
             self._stop_workers()
+        if evaluating:
+            self._report_evaluations()
         return metrics
+
+    def _report_evaluations(self) -> None:
+        """Print the table of the run's first and last evaluations (before and after training),
+        and draw the learning curve of all of them (`learning_curve.png` in the run directory)."""
+        files = RunDir(self.run_dir)
+        evaluations = read_evaluations(files.eval_log)
+        if not evaluations:
+            return
+        plot_learning_curve(evaluations, files.learning_curve)
+        print(f"\n{evaluation_table(evaluations)}\n")
+        print(f"Learning curve: {files.learning_curve}\nTensorBoard: tensorboard --logdir {files.tensorboard}")
 
     def _stop_workers(self) -> None:
         if self.workers is not None:
@@ -602,17 +634,26 @@ class Trainer:
         rows = play_opponents(
             self.backend, self.eval_pairings, self.config.eval.episodes, self.config.seed, self.rollout_settings
         )
-        metrics = {}
+        metrics, intervals = {}, {}
         for row in rows:
             extras = ("truncated_rate", "invalid_move_rate", "mean_response_tokens")
             figures = {**primary_figures(row), **{k: row[k] for k in extras}}
             for name, value in figures.items():
                 metrics[f"eval/{row['game']}/{row['opponent']}/{name}"] = value
-        for game in (g for g in self.eval_pairings if g in SUPPORTED_GAMES):
-            with self.learner.scoring_model() as model:
+                interval = row.get(f"{name.removesuffix('_rate')}_ci95")
+                if interval is not None:
+                    intervals[f"eval/{row['game']}/{row['opponent']}/{name}"] = tuple(interval)
+        tokenizer = self.learner.tokenizer
+        with self.learner.scoring_model() as model:
+            for game in (g for g in self.eval_pairings if g in SUPPORTED_GAMES):
                 metrics[f"eval/{game}/exploitability"] = policy_exploitability(
-                    model, self.learner.tokenizer, game, self.rollout_settings
+                    model, tokenizer, game, self.rollout_settings
                 )
+            for game in (g for g in self.eval_pairings if g in exact_play.SUPPORTED_GAMES):
+                seats = exact_play.exact_non_loss(model, tokenizer, game, self.rollout_settings)
+                metrics[f"eval/{game}/exact_non_loss"] = sum(seats) / len(seats)
+                metrics.update({f"eval/{game}/exact_non_loss_seat_{seat}": value for seat, value in enumerate(seats)})
+        append_evaluation(RunDir(self.run_dir).eval_log, Evaluation(self.step, metrics, intervals))
         metrics["time/eval_s"] = time.perf_counter() - started
         return metrics
 
@@ -638,8 +679,8 @@ def start_run_dir(run_dir: Path, config: TrainConfig) -> None:
     files = RunDir(run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        for stale in files.league_store_files():
-            stale.unlink()
+        for stale in [*files.league_store_files(), files.eval_log, files.learning_curve]:
+            stale.unlink(missing_ok=True)
         files.config.write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
     except OSError as err:
         raise UserError(f"Cannot make the run directory '{run_dir}': {err.strerror}. Choose another run_dir.") from None

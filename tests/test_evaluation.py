@@ -37,6 +37,7 @@ from selfplay.evaluation.game_kinds import (
 from selfplay.evaluation.paired import paired_comparison, summary_line
 from selfplay.evaluation.ratings import fit_elo
 from selfplay.evaluation.scoreboard import mean_interval, seat_outcome, wilson_interval
+from selfplay.evaluation.training_curve import evaluation_table, read_evaluations
 from selfplay.games import make_game
 from selfplay.records import MatchResult, Trajectory, Turn
 from selfplay.run_dir import RunDir
@@ -358,8 +359,7 @@ def training(tiny_model_dir, tmp_path_factory):
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert main(["train", "--no-progress", *overrides]) == 0
-    printed = out.getvalue()
-    return run_dir, json.loads(printed[printed.index("{\n") :])
+    return run_dir, out.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -376,19 +376,36 @@ def test_training_logs_evaluations_to_tensorboard(trained_run):
         "eval/kuhn_poker/nash/invalid_move_rate",
         "eval/kuhn_poker/exploitability",
     ):
-        assert [e.step for e in events.Scalars(tag)] == [1, 2], tag
+        assert [e.step for e in events.Scalars(tag)] == [0, 1, 2], tag  # before training, then every step
     # Kuhn Poker is judged by chips: its win rates are not its primary figures.
     assert "eval/kuhn_poker/random/wins_rate" not in events.Tags()["scalars"]
     assert all(-2.0 <= e.value <= 2.0 for e in events.Scalars("eval/kuhn_poker/random/mean_return"))
 
 
-def test_train_command_prints_the_last_steps_evaluation(training):
-    _, printed = training
-    assert printed["eval/kuhn_poker/random/mbb_per_hand"] == pytest.approx(
-        1000 * printed["eval/kuhn_poker/random/mean_return"], abs=0.1
-    )
-    assert 0.0 <= printed["eval/kuhn_poker/exploitability"] <= 1.0
-    assert "reward/mean" in printed
+def test_train_command_ends_with_the_table_of_its_first_and_last_evaluations(training):
+    run_dir, printed = training
+    evaluations = read_evaluations(RunDir(run_dir).eval_log)
+    assert [e.step for e in evaluations] == [0, 1, 2]
+    last = evaluations[-1]
+    mean_return = last.figures["eval/kuhn_poker/random/mean_return"]
+    assert last.figures["eval/kuhn_poker/random/mbb_per_hand"] == pytest.approx(1000 * mean_return, abs=0.1)
+    low, high = last.intervals["eval/kuhn_poker/random/mean_return"]
+    assert low <= mean_return <= high
+    assert "eval/kuhn_poker/exploitability" not in last.intervals  # exact: no interval
+    assert 0.0 <= last.figures["eval/kuhn_poker/exploitability"] <= 1.0
+    assert evaluation_table(evaluations) in printed and "step 0" in printed and "step 2" in printed
+    assert "{" not in printed  # the table, not the last step's metrics
+    assert RunDir(run_dir).learning_curve.read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_resumed_run_evaluates_the_steps_it_replays_once(trained_run, tmp_path):
+    run_dir = shutil.copytree(trained_run, tmp_path / "run")
+    shutil.rmtree(RunDir(run_dir).checkpoints / "step-000002")
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["train", "--no-progress", "--resume", str(run_dir)]) == 0
+    evaluations = read_evaluations(RunDir(run_dir).eval_log)
+    assert [e.step for e in evaluations] == [0, 1, 2]
+    assert evaluations == read_evaluations(RunDir(trained_run).eval_log)  # replayed exactly
 
 
 def test_candidates_are_the_runs_checkpoints_with_their_steps(trained_run, tmp_path):

@@ -26,12 +26,29 @@ def plain_hidden(model, prompt, response):
         return model.get_decoder()(input_ids=torch.tensor([prompt + response])).last_hidden_state[0]
 
 
-def test_response_hidden_and_entropy_match_a_plain_forward_pass(model):
+# Prompts that several responses share (a sample group, a probe's legal moves), each row's
+# responses of any length, one prompt with no prefix in common with the rest.
+SHARED_PROMPTS = [PROMPTS[0], PROMPTS[1], PROMPTS[0], PROMPTS[2], PROMPTS[1], PROMPTS[0]]
+SHARED_RESPONSES = [[50, 51], [60], [52, 53, 54], [70, 71], [61, 62, 63, 64], [55]]
+
+
+@pytest.mark.parametrize(
+    "prompts, responses",
+    [
+        (PROMPTS, RESPONSES),
+        (SHARED_PROMPTS, SHARED_RESPONSES),
+        ([[3, 4], *SHARED_PROMPTS], [[5], *SHARED_RESPONSES]),
+        ([PROMPTS[0], PROMPTS[2], PROMPTS[0]], [[50], [70], [51]]),
+    ],
+    ids=["distinct", "shared", "no common prefix", "one-token responses"],
+)
+def test_response_hidden_and_entropy_match_a_plain_forward_pass(model, prompts, responses):
     with torch.no_grad():
-        hidden = response_hidden(model, PROMPTS, RESPONSES)
-        logprobs, entropies = response_logprobs_and_entropy(model, PROMPTS, RESPONSES)
+        hidden = response_hidden(model, prompts, responses)
+        logprobs, entropies = response_logprobs_and_entropy(model, prompts, responses)
+    assert hidden.shape[0] == sum(map(len, responses))
     start = 0
-    for prompt, response, logp, entropy in zip(PROMPTS, RESPONSES, logprobs, entropies):
+    for prompt, response, logp, entropy in zip(prompts, responses, logprobs, entropies):
         plain = plain_hidden(model, prompt, response)[len(prompt) - 1 : len(prompt) - 1 + len(response)]
         assert torch.allclose(hidden[start : start + len(response)], plain, atol=1e-5)
         distribution = torch.log_softmax(model.get_output_embeddings()(plain), dim=-1)
