@@ -75,7 +75,8 @@ def keep_evaluations_up_to(path: Path, step: int) -> None:
 # -- the table ------------------------------------------------------------------------------------
 
 # Figure name suffix -> how the table names it, in the order it lists them (milli-big-blinds, the
-# mean return times 1000, are left to TensorBoard). Lower is better only for LOWER_IS_BETTER.
+# mean return times 1000, are left to TensorBoard). Lower is better for LOWER_IS_BETTER; a change
+# in a NEITHER figure is not called better either way (more draws may mean fewer wins).
 _LABELS = {
     "exact_non_loss": "non-loss vs random, exact (both seats)",
     "exact_non_loss_seat_0": "  as the first player, exact",
@@ -89,6 +90,7 @@ _LABELS = {
     "invalid_move_rate": "invalid moves",
 }
 LOWER_IS_BETTER = ("exploitability", "losses_rate", "invalid_move_rate", "opponent_mean_return")
+NEITHER = ("draws_rate",)
 
 
 def _describe(name: str) -> tuple[str, str, int] | None:
@@ -127,7 +129,7 @@ def evaluation_table(evaluations: list[Evaluation]) -> str:
         cells = [_value(e.figures[name], e.intervals.get(name)) for e in shown]
         if len(shown) == 2:
             change = shown[1].figures[name] - shown[0].figures[name]
-            better = change < 0 if name.endswith(LOWER_IS_BETTER) else change > 0
+            better = not name.endswith(NEITHER) and (change < 0 if name.endswith(LOWER_IS_BETTER) else change > 0)
             cells.append(f"{change:+.3f}{' (better)' if better and abs(change) >= 0.005 else ''}")
         lines.append((game, label, *cells))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]

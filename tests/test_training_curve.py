@@ -20,6 +20,7 @@ BEFORE = Evaluation(
         "eval/tictactoe/exact_non_loss": 0.566,
         "eval/tictactoe/exact_non_loss_seat_0": 0.706,
         "eval/tictactoe/random/wins_rate": 0.125,
+        "eval/tictactoe/random/draws_rate": 0.25,
         "time/eval_s": 70.0,
     },
     {"eval/kuhn_poker/random/mean_return": (-0.5, 0.0), "eval/tictactoe/random/wins_rate": (0.05, 0.29)},
@@ -32,6 +33,7 @@ AFTER = Evaluation(
         "eval/tictactoe/exact_non_loss": 0.564,
         "eval/tictactoe/exact_non_loss_seat_0": 0.75,
         "eval/tictactoe/random/wins_rate": 0.125,
+        "eval/tictactoe/random/draws_rate": 0.5,
         "time/eval_s": 65.0,
     },
     {"eval/kuhn_poker/random/mean_return": (0.25, 0.75), "eval/tictactoe/random/wins_rate": (0.05, 0.29)},
@@ -62,7 +64,7 @@ def test_a_resumed_run_forgets_the_evaluations_after_its_checkpoint(tmp_path):
 def test_the_table_puts_each_figure_before_and_after_with_its_change_and_interval():
     lines = evaluation_table([BEFORE, AFTER]).splitlines()
     assert lines[0].split() == ["game", "figure", "step", "0", "step", "40", "change"]
-    assert len(lines) == 2 + 5  # times are left out
+    assert len(lines) == 2 + 6  # times are left out
     exploitability = next(line for line in lines if "exploitability" in line)
     assert exploitability.startswith("kuhn_poker") and exploitability.split()[-2:] == ["-0.253", "(better)"]
     mean_return = next(line for line in lines if "mean return vs random" in line)
@@ -73,6 +75,7 @@ def test_the_table_puts_each_figure_before_and_after_with_its_change_and_interva
     assert non_loss.startswith("tictactoe") and non_loss.split()[-1] == "-0.002"  # worse, and unmarked
     assert next(line for line in lines if "first player" in line).split()[-2:] == ["+0.044", "(better)"]
     assert next(line for line in lines if "win rate" in line).split()[-1] == "+0.000"
+    assert next(line for line in lines if "draw rate" in line).split()[-1] == "+0.250"  # neither better nor worse
 
 
 def test_one_evaluation_is_shown_alone():
