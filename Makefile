@@ -29,4 +29,5 @@ test: $(BIN)/selfplay
 bench: $(BIN)/selfplay
 	$(BIN)/python benchmarks/env_step.py
 	$(BIN)/python benchmarks/rollout.py --backend hf
+	$(BIN)/python benchmarks/learner.py
 	$(BIN)/python benchmarks/sandbox.py
