@@ -75,11 +75,14 @@ def bare_update(model, optimizer, samples: list[Sample], micro_batch_tokens: int
         logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets.clamp(min=0)[..., None]).squeeze(-1)
         (-(logprobs * weights).sum() / total).backward()
 
+    batch_tokens = 0
     for sample in samples:
-        if batch and sum(len(s.prompt_ids) + len(s.response_ids) for s in [*batch, sample]) > micro_batch_tokens:
+        length = len(sample.prompt_ids) + len(sample.response_ids)
+        if batch and batch_tokens + length > micro_batch_tokens:
             run(batch)
-            batch = []
+            batch, batch_tokens = [], 0
         batch.append(sample)
+        batch_tokens += length
     run(batch)
     torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     optimizer.step()

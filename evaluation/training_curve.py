@@ -26,16 +26,22 @@ class Evaluation:
     intervals: dict[str, tuple[float, float]]
 
 
-def append_evaluation(path: Path, evaluation: Evaluation) -> None:
-    """Add `evaluation` to the log at `path`, on disk before this returns."""
-    line = json.dumps(
-        {"step": evaluation.step, "figures": evaluation.figures, "intervals": evaluation.intervals},
-        allow_nan=True,
-    )
-    with path.open("a", encoding="utf-8") as log:
-        log.write(line + "\n")
+def _line(evaluation: Evaluation) -> str:
+    record = {"step": evaluation.step, "figures": evaluation.figures, "intervals": evaluation.intervals}
+    return json.dumps(record, allow_nan=True) + "\n"
+
+
+def _write(path: Path, text: str, mode: str) -> None:
+    """`text` written to `path` (appended with mode "a"), on disk before this returns."""
+    with path.open(mode, encoding="utf-8") as log:
+        log.write(text)
         log.flush()
         os.fsync(log.fileno())
+
+
+def append_evaluation(path: Path, evaluation: Evaluation) -> None:
+    """Add `evaluation` to the log at `path`."""
+    _write(path, _line(evaluation), "a")
 
 
 def read_evaluations(path: Path) -> list[Evaluation]:
@@ -62,13 +68,10 @@ def read_evaluations(path: Path) -> list[Evaluation]:
 def keep_evaluations_up_to(path: Path, step: int) -> None:
     """Drop the evaluations after `step` from the log: a run resumed from its step-`step`
     checkpoint evaluates those steps again."""
-    kept = [e for e in read_evaluations(path) if e.step <= step]
     if not path.exists():
         return
     temporary = path.with_name(path.name + ".partial")
-    temporary.write_text("", encoding="utf-8")
-    for evaluation in kept:
-        append_evaluation(temporary, evaluation)
+    _write(temporary, "".join(_line(e) for e in read_evaluations(path) if e.step <= step), "w")
     temporary.replace(path)
 
 

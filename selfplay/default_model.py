@@ -97,11 +97,12 @@ def is_current_build(path: Path) -> bool:
 
 def file_checksums(path: Path) -> dict[str, str]:
     """The SHA-256 of every file of the model directory `path` but its build record."""
-    return {
-        file.name: hashlib.sha256(file.read_bytes()).hexdigest()
-        for file in sorted(Path(path).iterdir())
-        if file.is_file() and file.name != BUILD_INFO
-    }
+    files = [file for file in sorted(Path(path).iterdir()) if file.is_file() and file.name != BUILD_INFO]
+    return {file.name: _sha256(file) for file in files}
+
+
+def _sha256(file: Path) -> str:
+    return hashlib.sha256(file.read_bytes()).hexdigest()
 
 
 def verify_checksums(path: Path) -> None:
@@ -114,7 +115,7 @@ def verify_checksums(path: Path) -> None:
     for name, digest in recorded.items():
         file = path / name
         problem = "missing" if not file.is_file() else None
-        if problem is None and hashlib.sha256(file.read_bytes()).hexdigest() != digest:
+        if problem is None and _sha256(file) != digest:
             problem = "changed"
         if problem:
             raise UserError(
