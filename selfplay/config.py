@@ -189,6 +189,9 @@ class LeagueConfig:
     role_opponents: dict[str, dict[str, Weight]] = field(default_factory=dict)
     exploiter_lora_rank: int = 8  # exploiters train LoRA adapters of this rank on the initial model
     exploiter_lr: LearningRate | None = None  # null: learner.lr (LoRA adapters usually want a larger one)
+    # An exploiter's KL penalty towards the initial model under its adapters; null: learner.kl_coef.
+    # A best response may lie far from the initial policy: 0 lets an exploiter go all the way.
+    exploiter_kl_coef: NonNegative | None = None
     snapshot_every: int = 0  # steps between snapshots of a learning player; 0: by win rate and cap only
     snapshot_win_rate: Fraction = 0.7  # snapshot once its win rate against every player it meets exceeds this
     snapshot_min_games: NonNegative = 8.0  # decayed games against a player before that win rate counts

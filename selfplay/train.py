@@ -348,10 +348,14 @@ class Trainer:
 
     def _exploiter_config(self):
         learner, league = self.config.learner, self.config.league
-        # An exploiter's KL reference is the shared base under its adapters, which stays put.
+        # An exploiter's KL reference is the shared base under its adapters, which stays put. Each
+        # restart is a new learner whose lifetime the snapshot rule decides as it goes, so its
+        # rate does not decay with the run's: it warms up from each restart, then stays.
         return dataclasses.replace(
             learner,
             lr=learner.lr if league.exploiter_lr is None else league.exploiter_lr,
+            lr_schedule="constant",
+            kl_coef=learner.kl_coef if league.exploiter_kl_coef is None else league.exploiter_kl_coef,
             lora=dataclasses.replace(learner.lora, rank=league.exploiter_lora_rank),
             reference_update_every=0,
         )
@@ -390,7 +394,9 @@ class Trainer:
         whatever the training backend: a vLLM engine per snapshot would each reserve its own
         share of the GPU."""
         if name not in self.frozen:
-            backend = make_backend("hf", str(self.model_path), self.config.backend_precision, device=self.config.device)
+            backend = make_backend(
+                "hf", str(self.model_path), self.config.backend_precision, device=self.config.device, frozen=True
+            )
             backend.load_weights(self._snapshot_weights(name), version=self.league.players[name].created_step)
             self.frozen[name] = backend
         return self.frozen[name]
@@ -550,7 +556,8 @@ class Trainer:
             stats = rollout_metrics(owned, name)
             stats.update({f"advantage/{k}": v for k, v in advantage_stats(advantages).items()})
             try:
-                learned_stats = player.learner.scheduled_update(samples, self.step, config.steps)
+                update = self.step if name == MAIN else self.step - self.league.last_snapshot_step(name)
+                learned_stats = player.learner.scheduled_update(samples, update, config.steps)
             except NonFiniteUpdate as err:  # raised before the diverged weights reach a backend or a checkpoint
                 raise TrainingDiverged(
                     f"Training diverged at step {self.step}, in {name}'s update: {err}. {self._restart_hint(name)}"

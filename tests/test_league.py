@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from selfplay import checkpoint
 from selfplay.checkpoint import list_checkpoints
@@ -331,3 +332,26 @@ def test_exploiters_learn_at_league_exploiter_lr_and_the_main_player_at_learner_
     rates = {name: player.learner.optimizer.param_groups[0]["lr"] for name, player in trainer.players.items()}
     assert rates == {"main": 1e-2, "main_exploiter_0": 2e-3, "league_exploiter_0": 2e-3}
     assert metrics["learner/lr"] == 1e-2 and metrics["main_exploiter_0/learner/lr"] == 2e-3
+
+
+def test_a_restarted_exploiter_warms_up_again_at_a_rate_the_run_schedule_does_not_decay(tiny_model_dir, tmp_path):
+    overrides = [
+        *LEAGUE,  # three steps, a snapshot (and an exploiter restart) after step 2
+        "learner.lr_schedule=linear",
+        "learner.warmup_steps=2",
+        "learner.kl_coef=0.1",
+        "league.exploiter_lr=2e-3",
+        "league.exploiter_kl_coef=0",
+        f"model={tiny_model_dir}",
+        f"run_dir={tmp_path}",
+    ]
+    trainer = Trainer(load_config(None, overrides), progress=False)
+    trainer.run()
+    events = EventAccumulator(str(RunDir(tmp_path).tensorboard))
+    events.Reload()
+    rates = [[e.value for e in events.Scalars(tag)] for tag in ("learner/lr", "main_exploiter_0/learner/lr")]
+    # main: warm-up over steps 1-2, then the linear decay's first step; the exploiter restarts
+    # after step 2 and warms up again rather than taking the run's decayed rate.
+    assert rates == [pytest.approx([5e-3, 1e-2, 1e-2]), pytest.approx([1e-3, 2e-3, 1e-3])]
+    assert trainer.players["main"].learner.config.kl_coef == 0.1
+    assert {trainer.players[name].learner.config.kl_coef for name in ("main_exploiter_0", "league_exploiter_0")} == {0}

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 import torch
 
-from selfplay.backends import SamplingSettings, hf_backend, make_backend
+from selfplay.backends import SamplingSettings, hf_backend, make_backend, save_weights
 from selfplay.config import LearnerConfig, load_config
 from selfplay.errors import UserError
 from selfplay.evaluation.exploitability import information_states, move_probabilities
@@ -143,6 +143,36 @@ def test_legal_sampling_runs_each_distinct_context_once(tiny_model_dir, hf_model
     for generation, options, logp in zip(generations, choices, scored):
         assert generation.token_ids in options
         assert generation.logprobs == pytest.approx(logp.tolist(), abs=1e-5)
+
+
+def test_a_frozen_backend_runs_each_context_once_alone_and_forgets_on_new_weights(
+    tiny_model_dir, hf_model, tokenizer, monkeypatch, tmp_path
+):
+    frozen = make_backend("hf", str(tiny_model_dir), frozen=True)
+    turns = turns_with_choices(tokenizer, games=("kuhn_poker", "tictactoe"), per_game=2)
+    prompts, choices = [t[0] for t in turns], [t[1] for t in turns]
+    batches_run = []
+
+    def counting_hidden(model, contexts, responses):
+        batches_run.append(len(contexts))
+        return response_hidden(model, contexts, responses)
+
+    monkeypatch.setattr(hf_backend, "response_hidden", counting_hidden)
+    generations = frozen.generate(prompts, LEGAL, choices)
+    contexts = len(batches_run)
+    assert set(batches_run) == {1} and contexts >= len({tuple(p) for p in prompts})
+    scored = response_logprobs(hf_model, prompts, [g.token_ids for g in generations], 1.0, choices)
+    for generation, logp in zip(generations, scored):
+        assert generation.logprobs == pytest.approx(logp.tolist(), abs=1e-5)
+    # The same states again: nothing runs, and the seeded draws are those of the first time;
+    # nor in another order.
+    assert frozen.generate(prompts, LEGAL, choices) == generations
+    reordered = frozen.generate(prompts[::-1], LEGAL, choices[::-1])
+    assert len(batches_run) == contexts and all(g.token_ids in c for g, c in zip(reordered, choices[::-1]))
+    # New weights: every context runs again.
+    frozen.load_weights(save_weights(hf_model, tmp_path / "weights.safetensors"), version=1)
+    frozen.generate(prompts, LEGAL, choices)
+    assert len(batches_run) == 2 * contexts
 
 
 def test_rollouts_under_legal_decoding_play_no_invalid_move(tiny_model_dir, tokenizer):

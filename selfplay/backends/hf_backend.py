@@ -3,6 +3,9 @@ beyond transformers, and the reference the vLLM backend is checked against."""
 
 from __future__ import annotations
 
+import hashlib
+from array import array
+from collections import OrderedDict
 from pathlib import Path
 
 import torch
@@ -13,6 +16,10 @@ from selfplay.backends.base import Generation, PolicyBackend, SamplingSettings, 
 from selfplay.legal_decoding import Choices, legal_decode, masked_log_softmax
 from selfplay.scoring import pick_device, response_hidden
 
+# Contexts whose final hidden state a frozen backend keeps (least recently used leave first):
+# more than TicTacToe's 4,520 decision states under one prompt style.
+FROZEN_STATE_CACHE = 8192
+
 
 class HFBackend(PolicyBackend):
     """Batched sampling with `model.generate`; prompts are sorted by length and left-padded.
@@ -20,6 +27,10 @@ class HFBackend(PolicyBackend):
     Given `model` (a learner's own, in memory), the backend generates with it instead of a
     copy: its weights are always the learner's current ones, so `load_weights` only records
     the version. A league's LoRA exploiters generate this way, at the cost of no extra weights.
+
+    A `frozen` backend (a league snapshot, whose weights change only by `load_weights`) meets
+    the same game states step after step: under legal decoding it keeps the model's final
+    hidden state after each context it has run, and runs only contexts it has not seen.
     """
 
     def __init__(
@@ -30,6 +41,7 @@ class HFBackend(PolicyBackend):
         dtype: torch.dtype = torch.float32,
         max_batch_size: int = 256,
         model: torch.nn.Module | None = None,
+        frozen: bool = False,
     ):
         self.model_path = model_path
         self.device = pick_device(device)
@@ -44,6 +56,7 @@ class HFBackend(PolicyBackend):
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
         self.max_batch_size = max_batch_size
         self.version = 0
+        self.states: OrderedDict[bytes, torch.Tensor] | None = OrderedDict() if frozen else None
 
     @torch.no_grad()
     def generate(
@@ -116,8 +129,7 @@ class HFBackend(PolicyBackend):
             # TicTacToe opening): each distinct context runs once, and its rows share the logits.
             contexts = [(*prompts[row], *response) for row, response in zip(rows, written)]
             distinct = {context: i for i, context in enumerate(dict.fromkeys(contexts))}
-            # A placeholder response token makes `response_hidden` return the state after the context.
-            hidden = response_hidden(self.model, list(distinct), [[0]] * len(distinct))
+            hidden = self._context_hidden(list(distinct))
             logits = self.model.get_output_embeddings()(hidden).float()[[distinct[c] for c in contexts]]
             if not greedy:
                 logits = logits / sampling.temperature
@@ -134,7 +146,28 @@ class HFBackend(PolicyBackend):
             for response, logp in zip(responses, logprobs)
         ]
 
+    def _context_hidden(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
+        """The model's final hidden state after each context, (contexts, hidden size). A frozen
+        backend runs each context it has not kept alone, so that what it keeps is the same
+        whichever contexts came with it: a resumed run samples exactly as the unbroken one."""
+        # A placeholder response token makes `response_hidden` return the state after the context.
+        if self.states is None:
+            return response_hidden(self.model, contexts, [[0]] * len(contexts))
+        rows = []
+        for context in contexts:
+            key = hashlib.blake2b(array("q", context).tobytes(), digest_size=16).digest()
+            if key in self.states:
+                self.states.move_to_end(key)
+            else:
+                self.states[key] = response_hidden(self.model, [context], [[0]])[0]
+                if len(self.states) > FROZEN_STATE_CACHE:
+                    self.states.popitem(last=False)
+            rows.append(self.states[key])
+        return torch.stack(rows)
+
     def load_weights(self, path: Path, version: int) -> None:
         if not self.shares_model:
             load_model(self.model, str(path), device=self.device)
+        if self.states is not None:
+            self.states.clear()
         self.version = version

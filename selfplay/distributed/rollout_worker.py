@@ -112,7 +112,7 @@ class RolloutWorker:
                 raise RuntimeError(f"worker serves {name} version {served}, the games need version {version}")
         for name, (reference, version) in snapshots.items():
             if name not in self.snapshots:
-                backend = make_backend("hf", self.model_path, self.precision, device=self.device)
+                backend = make_backend("hf", self.model_path, self.precision, device=self.device, frozen=True)
                 backend.load_weights(self.receiver.from_bytes(name, ray.get(reference[0])), version)
                 self.snapshots[name] = backend
         seated = {label: label for match in matches for label in match.players}  # scripted agents by spec

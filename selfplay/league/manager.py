@@ -118,6 +118,10 @@ class League:
                 found.append(rule)
         return [name for name in dict.fromkeys(found) if name not in (player.name, SELF)]
 
+    def last_snapshot_step(self, learner: str) -> int:
+        """The step of `learner`'s latest snapshot (0 if none): where an exploiter restarted."""
+        return max([p.created_step for p in self.players.values() if p.parent == learner], default=0)
+
     # -- a step --------------------------------------------------------------------------------
 
     def schedule(self, step: int) -> list[MatchSpec]:
@@ -169,7 +173,7 @@ class League:
                 for name in self.targets(player)
             ]
             if snapshot_due(
-                step - self._last_snapshot_step(player),
+                step - self.last_snapshot_step(player.name),
                 rates,
                 every=league.snapshot_every,
                 win_rate=league.snapshot_win_rate,
@@ -219,9 +223,6 @@ class League:
 
     def _win_rate(self, player: str, opponent: str, game: str | None = None) -> float:
         return self.payoff.win_rate(player, opponent, game)
-
-    def _last_snapshot_step(self, player: LeaguePlayer) -> int:
-        return max([p.created_step for p in self.players.values() if p.parent == player.name], default=0)
 
     def _forget(self, exploiter: str) -> None:
         """An exploiter restarting from its initial weights is a new player: its results and

@@ -1,0 +1,155 @@
+"""What a Kuhn Poker league buys over pure self-play, by games played, all exact (OpenSpiel):
+
+- each self-play run: the exploitability of its latest policy at each evaluation (its eval.jsonl);
+- each league run, at each step where the main player was frozen into a snapshot: the
+  exploitability of the main player, and of the Nash mixture of the meta-game over every
+  snapshot taken so far (as `selfplay league show --meta kuhn_poker` solves it); what each
+  exploiter found when it was frozen: its expected value against the main player of that step
+  beside the best response's (the main player's exploitability), and against the mixture beside
+  the mixture's; and the main player's probability of betting a King after a check, where the
+  equilibrium always bets.
+
+    python experiments/kuhn_league.py --league runs/kuhn_league_s0 ... --self-play runs/kuhn_sp_s0 ... \
+        [--out DIR]
+
+Prints one table per league run and a final comparison; writes `league_curves.png` (and
+`league_curves.json`) into each league run directory and, with --out, one plot of every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from selfplay.config import load_config  # noqa: E402
+from selfplay.evaluation.evaluate import find_candidates  # noqa: E402
+from selfplay.evaluation.exploitability import exploitability_of, move_probabilities  # noqa: E402
+from selfplay.evaluation.meta_strategy import expected_payoffs, meta_strategy, mixture_probabilities  # noqa: E402
+from selfplay.evaluation.training_curve import read_evaluations  # noqa: E402
+from selfplay.league.standings import open_league  # noqa: E402
+from selfplay.rollouts import RolloutSettings  # noqa: E402
+from selfplay.run_dir import RunDir  # noqa: E402
+
+GAME = "kuhn_poker"
+KING_AFTER_CHECK = "2p"  # the second player's information state holding a King after a check
+BET = 1  # OpenSpiel's Kuhn Poker actions: 0 pass, 1 bet
+
+
+def games_per_step(run_dir: Path) -> int:
+    """Games the whole run plays in one step: every learning player's."""
+    config = load_config(str(RunDir(run_dir).saved_config), [])
+    learners = 1 + (config.league.main_exploiters + config.league.league_exploiters if config.league.enabled else 0)
+    return learners * config.rollout.games_per_step
+
+
+def self_play_curve(run_dir: Path) -> list[tuple[int, float]]:
+    """(games played, exploitability of the latest policy) at each of the run's evaluations."""
+    per_step = games_per_step(run_dir)
+    return [
+        (e.step * per_step, e.metrics[f"eval/{GAME}/exploitability"])
+        for e in read_evaluations(RunDir(run_dir).eval_log)
+    ]
+
+
+def league_curve(run_dir: Path) -> list[dict]:
+    """One row per step where the main player was frozen (see the module's docstring)."""
+    config = load_config(str(RunDir(run_dir).saved_config), [])
+    asked = RolloutSettings.from_config(config.rollout)
+    per_step = games_per_step(run_dir)
+    with open_league(run_dir) as store:
+        snapshots = sorted((p for p in store.players() if p.kind == "snapshot"), key=lambda p: p.created_step)
+    policies = {}
+    for snapshot in snapshots:
+        (candidate,) = find_candidates([str(run_dir / snapshot.weights)])
+        model, tokenizer = candidate.network()
+        policies[snapshot.name] = move_probabilities(model, tokenizer, GAME, asked)
+    rows = []
+    for main in (s for s in snapshots if s.parent == "main"):
+        step = main.created_step
+        population = [s.name for s in snapshots if s.created_step <= step]
+        meta = meta_strategy(GAME, {name: policies[name] for name in population})
+        mixture = mixture_probabilities(GAME, [policies[n] for n in population], meta.weights)
+        row = {
+            "step": step,
+            "games": step * per_step,
+            "main": exploitability_of(GAME, policies[main.name]),
+            "mixture": meta.exploitability,
+            "snapshots": len(population),
+            "main_king_bets_after_check": policies[main.name][KING_AFTER_CHECK][BET],
+            "mixture_king_bets_after_check": mixture[KING_AFTER_CHECK][BET],
+        }
+        for exploiter in (s for s in snapshots if s.created_step == step and s.parent != "main"):
+            values = expected_payoffs(GAME, [policies[exploiter.name], policies[main.name], mixture])
+            row[f"{exploiter.parent}_vs_main"] = values[0, 1]
+            row[f"{exploiter.parent}_vs_mixture"] = values[0, 2]
+        rows.append(row)
+    return rows
+
+
+def print_league(run_dir: Path, rows: list[dict]) -> None:
+    exploiters = sorted({k.removesuffix("_vs_main") for row in rows for k in row if k.endswith("_vs_main")})
+    header = ["step", "games", "main", "mixture", "K bets after check (main)"]
+    header += [f"{name} vs main" for name in exploiters]
+    print(f"\n{run_dir}: exploitability (exact), and what each exploiter won against the main player when frozen")
+    print("(a best response wins the main player's exploitability)")
+    print(" | ".join(header))
+    for row in rows:
+        cells = [str(row["step"]), str(row["games"]), f"{row['main']:.4f}", f"{row['mixture']:.4f}"]
+        cells.append(f"{row['main_king_bets_after_check']:.2f}")
+        cells += [f"{row[f'{name}_vs_main']:+.4f}" if f"{name}_vs_main" in row else "" for name in exploiters]
+        print(" | ".join(cells))
+
+
+def plot(ax, self_play: dict[str, list], leagues: dict[str, list[dict]]) -> None:
+    for name, curve in self_play.items():
+        ax.plot(*zip(*curve), color="tab:blue", alpha=0.7, label=f"self-play, latest ({name})")
+    for name, rows in leagues.items():
+        games = [r["games"] for r in rows]
+        ax.plot(games, [r["main"] for r in rows], color="tab:orange", alpha=0.7, label=f"league, main ({name})")
+        ax.plot(games, [r["mixture"] for r in rows], color="tab:green", alpha=0.9, label=f"league, mixture ({name})")
+    ax.axhline(0.05, color="grey", linestyle=":", linewidth=1)
+    ax.set_xlabel("games played (all learning players)")
+    ax.set_ylabel("exploitability (exact)")
+    ax.legend(fontsize=6)
+
+
+def save_plot(path: Path, self_play: dict[str, list], leagues: dict[str, list[dict]]) -> None:
+    figure, ax = plt.subplots(figsize=(8, 5))
+    plot(ax, self_play, leagues)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--league", nargs="*", default=[], type=Path, help="league run directories")
+    parser.add_argument("--self-play", nargs="*", default=[], type=Path, help="self-play run directories")
+    parser.add_argument("--out", type=Path, help="a directory for the plot of every run")
+    args = parser.parse_args()
+    self_play = {str(run): self_play_curve(run) for run in args.self_play}
+    leagues = {}
+    for run in args.league:
+        leagues[str(run)] = rows = league_curve(run)
+        print_league(run, rows)
+        (run / "league_curves.json").write_text(json.dumps(rows, indent=1))
+        save_plot(run / "league_curves.png", self_play, {str(run): rows})
+    print("\nfinal exploitability (exact)")
+    for name, curve in self_play.items():
+        print(f"self-play {name}: latest {curve[-1][1]:.4f} after {curve[-1][0]} games")
+    for name, rows in leagues.items():
+        last = rows[-1]
+        print(f"league {name}: main {last['main']:.4f}, mixture {last['mixture']:.4f} after {last['games']} games")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        save_plot(args.out / "league_curves.png", self_play, leagues)
+
+
+if __name__ == "__main__":
+    main()
