@@ -43,7 +43,7 @@ BET = 1  # OpenSpiel's Kuhn Poker actions: 0 pass, 1 bet
 
 def games_per_step(run_dir: Path) -> int:
     """Games the whole run plays in one step: every learning player's."""
-    config = load_config(str(RunDir(run_dir).saved_config), [])
+    config = load_config(str(RunDir(run_dir).saved_config()), [])
     learners = 1 + (config.league.main_exploiters + config.league.league_exploiters if config.league.enabled else 0)
     return learners * config.rollout.games_per_step
 
@@ -52,14 +52,15 @@ def self_play_curve(run_dir: Path) -> list[tuple[int, float]]:
     """(games played, exploitability of the latest policy) at each of the run's evaluations."""
     per_step = games_per_step(run_dir)
     return [
-        (e.step * per_step, e.metrics[f"eval/{GAME}/exploitability"])
+        (e.step * per_step, e.figures[f"eval/{GAME}/exploitability"])
         for e in read_evaluations(RunDir(run_dir).eval_log)
     ]
 
 
-def league_curve(run_dir: Path) -> list[dict]:
-    """One row per step where the main player was frozen (see the module's docstring)."""
-    config = load_config(str(RunDir(run_dir).saved_config), [])
+def league_curve(run_dir: Path) -> tuple[list[dict], list[dict]]:
+    """Rows for each step where the main player was frozen, and for each exploiter snapshot
+    (see the module's docstring)."""
+    config = load_config(str(RunDir(run_dir).saved_config()), [])
     asked = RolloutSettings.from_config(config.rollout)
     per_step = games_per_step(run_dir)
     with open_league(run_dir) as store:
@@ -69,41 +70,63 @@ def league_curve(run_dir: Path) -> list[dict]:
         (candidate,) = find_candidates([str(run_dir / snapshot.weights)])
         model, tokenizer = candidate.network()
         policies[snapshot.name] = move_probabilities(model, tokenizer, GAME, asked)
-    rows = []
-    for main in (s for s in snapshots if s.parent == "main"):
-        step = main.created_step
+
+    def mixture_at(step: int) -> tuple[dict, float]:
+        """The meta-Nash mixture over every snapshot taken by `step`, and its exploitability."""
         population = [s.name for s in snapshots if s.created_step <= step]
         meta = meta_strategy(GAME, {name: policies[name] for name in population})
-        mixture = mixture_probabilities(GAME, [policies[n] for n in population], meta.weights)
-        row = {
-            "step": step,
-            "games": step * per_step,
-            "main": exploitability_of(GAME, policies[main.name]),
-            "mixture": meta.exploitability,
-            "snapshots": len(population),
-            "main_king_bets_after_check": policies[main.name][KING_AFTER_CHECK][BET],
-            "mixture_king_bets_after_check": mixture[KING_AFTER_CHECK][BET],
-        }
-        for exploiter in (s for s in snapshots if s.created_step == step and s.parent != "main"):
-            values = expected_payoffs(GAME, [policies[exploiter.name], policies[main.name], mixture])
-            row[f"{exploiter.parent}_vs_main"] = values[0, 1]
-            row[f"{exploiter.parent}_vs_mixture"] = values[0, 2]
-        rows.append(row)
-    return rows
+        return mixture_probabilities(GAME, [policies[n] for n in population], meta.weights), meta.exploitability
+
+    mains = [s for s in snapshots if s.parent == "main"]
+    rows = []
+    for main in mains:
+        mixture, mixture_exploitability = mixture_at(main.created_step)
+        rows.append(
+            {
+                "step": main.created_step,
+                "games": main.created_step * per_step,
+                "snapshots": sum(s.created_step <= main.created_step for s in snapshots),
+                "main": exploitability_of(GAME, policies[main.name]),
+                "mixture": mixture_exploitability,
+                "main_king_bets_after_check": policies[main.name][KING_AFTER_CHECK][BET],
+                "mixture_king_bets_after_check": mixture[KING_AFTER_CHECK][BET],
+            }
+        )
+    found = []
+    for exploiter in (s for s in snapshots if s.parent != "main"):
+        step = exploiter.created_step
+        main = [m for m in mains if m.created_step <= step][-1]  # the latest main snapshot by then
+        mixture, mixture_exploitability = mixture_at(step - 1)  # the population it trained against
+        values = expected_payoffs(GAME, [policies[exploiter.name], policies[main.name], mixture])
+        found.append(
+            {
+                "exploiter": exploiter.name,
+                "step": step,
+                "main": main.name,
+                "vs_main": values[0, 1],
+                "best_vs_main": exploitability_of(GAME, policies[main.name]),
+                "vs_mixture": values[0, 2],
+                "best_vs_mixture": mixture_exploitability,
+            }
+        )
+    return rows, found
 
 
-def print_league(run_dir: Path, rows: list[dict]) -> None:
-    exploiters = sorted({k.removesuffix("_vs_main") for row in rows for k in row if k.endswith("_vs_main")})
-    header = ["step", "games", "main", "mixture", "K bets after check (main)"]
-    header += [f"{name} vs main" for name in exploiters]
-    print(f"\n{run_dir}: exploitability (exact), and what each exploiter won against the main player when frozen")
-    print("(a best response wins the main player's exploitability)")
-    print(" | ".join(header))
-    for row in rows:
-        cells = [str(row["step"]), str(row["games"]), f"{row['main']:.4f}", f"{row['mixture']:.4f}"]
-        cells.append(f"{row['main_king_bets_after_check']:.2f}")
-        cells += [f"{row[f'{name}_vs_main']:+.4f}" if f"{name}_vs_main" in row else "" for name in exploiters]
-        print(" | ".join(cells))
+def print_league(run_dir: Path, rows: list[dict], found: list[dict]) -> None:
+    print(f"\n{run_dir}: exploitability (exact) where the main player was frozen")
+    print("step | games | snapshots | main | mixture | K bets after a check: main | mixture")
+    for r in rows:
+        print(
+            f"{r['step']} | {r['games']} | {r['snapshots']} | {r['main']:.4f} | {r['mixture']:.4f} | "
+            f"{r['main_king_bets_after_check']:.2f} | {r['mixture_king_bets_after_check']:.2f}"
+        )
+    print("\nwhat each exploiter won when frozen, beside a best response's winnings (exact, per hand)")
+    print("exploiter | against | won | best | against the mixture before it | won | best")
+    for f in found:
+        print(
+            f"{f['exploiter']} | {f['main']} | {f['vs_main']:+.4f} | {f['best_vs_main']:.4f} | | "
+            f"{f['vs_mixture']:+.4f} | {f['best_vs_mixture']:.4f}"
+        )
 
 
 def plot(ax, self_play: dict[str, list], leagues: dict[str, list[dict]]) -> None:
@@ -136,9 +159,10 @@ def main() -> None:
     self_play = {str(run): self_play_curve(run) for run in args.self_play}
     leagues = {}
     for run in args.league:
-        leagues[str(run)] = rows = league_curve(run)
-        print_league(run, rows)
-        (run / "league_curves.json").write_text(json.dumps(rows, indent=1))
+        rows, found = league_curve(run)
+        leagues[str(run)] = rows
+        print_league(run, rows, found)
+        (run / "league_curves.json").write_text(json.dumps({"main": rows, "exploiters": found}, indent=1))
         save_plot(run / "league_curves.png", self_play, {str(run): rows})
     print("\nfinal exploitability (exact)")
     for name, curve in self_play.items():

@@ -187,7 +187,11 @@ class LeagueConfig:
     league_exploiter_opponents: dict[str, Weight] = field(default_factory=lambda: {"pfsp:hard": 1.0})
     # Role -> opponent mix for a seat of that role, in place of the learning player's own mix.
     role_opponents: dict[str, dict[str, Weight]] = field(default_factory=dict)
-    exploiter_lora_rank: int = 8  # exploiters train LoRA adapters of this rank on the initial model
+    exploiter_lora_rank: int = 8  # exploiters train LoRA adapters of this rank on the initial model; 0: whole models
+    # What an exploiter restarts from after each snapshot: the initial model (AlphaStar), or the
+    # main player's weights of that moment (it then starts from the main player's play and has
+    # only its holes to find; whole-model exploiters only: exploiter_lora_rank=0).
+    exploiter_init: Literal["initial", "main"] = "initial"
     exploiter_lr: LearningRate | None = None  # null: learner.lr (LoRA adapters usually want a larger one)
     # An exploiter's KL penalty towards the initial model under its adapters; null: learner.kl_coef.
     # A best response may lie far from the initial policy: 0 lets an exploiter go all the way.
@@ -200,6 +204,11 @@ class LeagueConfig:
     payoff_decay: Fraction = 0.99  # per result between two players (AlphaStar's decayed counts)
 
     def __post_init__(self):
+        if self.exploiter_init == "main" and self.exploiter_lora_rank:
+            raise UserError(
+                "league.exploiter_init=main restarts exploiters from the main player's whole weights, which LoRA "
+                "adapters on the initial model cannot hold: set league.exploiter_lora_rank=0."
+            )
         learning_players = 1 + self.main_exploiters + self.league_exploiters
         if self.enabled and 0 < self.population_cap < learning_players:
             raise UserError(

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import yaml
+from safetensors.torch import load_model
 from tqdm import tqdm
 from transformers.utils import logging as transformers_logging
 
@@ -623,6 +624,9 @@ class Trainer:
         for name in changes.resets:
             self.players[name].backend.close()
             self.players[name] = self._learning_player(name, self._exploiter_config(), None, exploiter=True)
+            if self.config.league.exploiter_init == "main":
+                main_weights = self.players[MAIN].learner.export_weights(self._sync_path(name))
+                load_model(self.players[name].learner.model, str(main_weights))
             self._sync(self.players[name])
         if self.workers is not None:
             self.workers.retire(changes.retired)

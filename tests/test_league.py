@@ -355,3 +355,17 @@ def test_a_restarted_exploiter_warms_up_again_at_a_rate_the_run_schedule_does_no
     assert rates == [pytest.approx([5e-3, 1e-2, 1e-2]), pytest.approx([1e-3, 2e-3, 1e-3])]
     assert trainer.players["main"].learner.config.kl_coef == 0.1
     assert {trainer.players[name].learner.config.kl_coef for name in ("main_exploiter_0", "league_exploiter_0")} == {0}
+
+
+def test_exploiters_can_restart_from_the_main_players_weights(tiny_model_dir, tmp_path):
+    overrides = [*LEAGUE, "steps=2", "league.exploiter_init=main", f"model={tiny_model_dir}", f"run_dir={tmp_path}"]
+    with pytest.raises(UserError, match="exploiter_lora_rank=0"):
+        load_config(None, overrides)
+    trainer = Trainer(load_config(None, [*overrides, "league.exploiter_lora_rank=0"]), progress=False)
+    initial = {k: v.clone() for k, v in trainer.players["main"].learner.policy_state_dict().items()}
+    trainer.run()  # both exploiters are frozen after step 2, and restart
+    main = trainer.players["main"].learner.policy_state_dict()
+    assert any(not torch.equal(main[k], initial[k]) for k in main)
+    for name in ("main_exploiter_0", "league_exploiter_0"):
+        restarted = trainer.players[name].learner.policy_state_dict()
+        assert all(torch.equal(restarted[k], main[k]) for k in main)
