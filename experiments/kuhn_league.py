@@ -2,8 +2,9 @@
 
 - each self-play run: the exploitability of its latest policy at each evaluation (its eval.jsonl);
 - each league run, at each step where the main player was frozen into a snapshot: the
-  exploitability of the main player, and of the Nash mixture of the meta-game over every
-  snapshot taken so far (as `selfplay league show --meta kuhn_poker` solves it); what each
+  exploitability of the main player, of the Nash mixture of the meta-game over every snapshot
+  taken so far (as `selfplay league show --meta kuhn_poker` solves it), and of the Nash
+  mixture over the main player's snapshots alone; what each
   exploiter found when it was frozen: its expected value against the main player of that step
   beside the best response's (the main player's exploitability), and against the mixture beside
   the mixture's; and the main player's probability of betting a King after a check, where the
@@ -71,9 +72,10 @@ def league_curve(run_dir: Path) -> tuple[list[dict], list[dict]]:
         model, tokenizer = candidate.network()
         policies[snapshot.name] = move_probabilities(model, tokenizer, GAME, asked)
 
-    def mixture_at(step: int) -> tuple[dict, float]:
-        """The meta-Nash mixture over every snapshot taken by `step`, and its exploitability."""
-        population = [s.name for s in snapshots if s.created_step <= step]
+    def mixture_at(step: int, mains_only: bool = False) -> tuple[dict, float]:
+        """The meta-Nash mixture over every snapshot taken by `step` (or the main player's only),
+        and its exploitability."""
+        population = [s.name for s in snapshots if s.created_step <= step and (s.parent == "main" or not mains_only)]
         meta = meta_strategy(GAME, {name: policies[name] for name in population})
         return mixture_probabilities(GAME, [policies[n] for n in population], meta.weights), meta.exploitability
 
@@ -88,6 +90,7 @@ def league_curve(run_dir: Path) -> tuple[list[dict], list[dict]]:
                 "snapshots": sum(s.created_step <= main.created_step for s in snapshots),
                 "main": exploitability_of(GAME, policies[main.name]),
                 "mixture": mixture_exploitability,
+                "main_mixture": mixture_at(main.created_step, mains_only=True)[1],
                 "main_king_bets_after_check": policies[main.name][KING_AFTER_CHECK][BET],
                 "mixture_king_bets_after_check": mixture[KING_AFTER_CHECK][BET],
             }
@@ -114,10 +117,11 @@ def league_curve(run_dir: Path) -> tuple[list[dict], list[dict]]:
 
 def print_league(run_dir: Path, rows: list[dict], found: list[dict]) -> None:
     print(f"\n{run_dir}: exploitability (exact) where the main player was frozen")
-    print("step | games | snapshots | main | mixture | K bets after a check: main | mixture")
+    print("step | games | snapshots | main | mixture | mixture of main's | K bets after a check: main | mixture")
     for r in rows:
         print(
             f"{r['step']} | {r['games']} | {r['snapshots']} | {r['main']:.4f} | {r['mixture']:.4f} | "
+            f"{r['main_mixture']:.4f} | "
             f"{r['main_king_bets_after_check']:.2f} | {r['mixture_king_bets_after_check']:.2f}"
         )
     print("\nwhat each exploiter won when frozen, beside a best response's winnings (exact, per hand)")
