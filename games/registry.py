@@ -36,6 +36,7 @@ NATIVE_GAMES: dict[str, str] = {
     "negotiation": "selfplay.games.negotiation:SimpleNegotiation",
     "secret_keeping": "selfplay.games.secret_keeping:SecretKeeping",
     "proposer_solver": "selfplay.games.proposer_solver:ProposerSolver",
+    "arithmetic": "selfplay.games.arithmetic:Arithmetic",
 }
 
 ADAPTERS: dict[str, str] = {
