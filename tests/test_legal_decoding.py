@@ -126,17 +126,23 @@ def test_legal_sampling_writes_a_choice_drawn_from_the_masked_probabilities(tiny
         assert generation.token_ids == best
 
 
+def batch_sizes_run(monkeypatch) -> list[int]:
+    """The number of contexts in each call the transformers sampler makes to the model, as it runs."""
+    sizes = []
+
+    def counting_hidden(model, contexts, responses):
+        sizes.append(len(contexts))
+        return response_hidden(model, contexts, responses)
+
+    monkeypatch.setattr(hf_backend, "response_hidden", counting_hidden)
+    return sizes
+
+
 def test_legal_sampling_runs_each_distinct_context_once(tiny_model_dir, hf_model, tokenizer, monkeypatch):
     backend = make_backend("hf", str(tiny_model_dir))
     turns = turns_with_choices(tokenizer, games=("tictactoe",), per_game=3)  # one game: one batch
     prompts, choices = [t[0] for t in turns] * 4, [t[1] for t in turns] * 4
-    contexts_run = []
-
-    def counting_hidden(model, contexts, responses):
-        contexts_run.append(len(contexts))
-        return response_hidden(model, contexts, responses)
-
-    monkeypatch.setattr(hf_backend, "response_hidden", counting_hidden)
+    contexts_run = batch_sizes_run(monkeypatch)
     generations = backend.generate(prompts, LEGAL, choices)
     assert contexts_run[0] == len({tuple(p) for p in prompts}) < len(prompts)
     scored = response_logprobs(hf_model, prompts, [g.token_ids for g in generations], 1.0, choices)
@@ -151,13 +157,7 @@ def test_a_frozen_backend_runs_each_context_once_alone_and_forgets_on_new_weight
     frozen = make_backend("hf", str(tiny_model_dir), frozen=True)
     turns = turns_with_choices(tokenizer, games=("kuhn_poker", "tictactoe"), per_game=2)
     prompts, choices = [t[0] for t in turns], [t[1] for t in turns]
-    batches_run = []
-
-    def counting_hidden(model, contexts, responses):
-        batches_run.append(len(contexts))
-        return response_hidden(model, contexts, responses)
-
-    monkeypatch.setattr(hf_backend, "response_hidden", counting_hidden)
+    batches_run = batch_sizes_run(monkeypatch)
     generations = frozen.generate(prompts, LEGAL, choices)
     contexts = len(batches_run)
     assert set(batches_run) == {1} and contexts >= len({tuple(p) for p in prompts})
