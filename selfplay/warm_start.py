@@ -2,8 +2,8 @@
 
 Reinforcement learning from a pretrained base model starts from a policy that already writes
 well-formed answers. The default model is built from scratch, so it gets there here: it is
-fine-tuned to imitate a *random legal* player of every native game, in both observation
-modes and both prompt styles, so that it writes `\\boxed{move}` with a legal move and then
+fine-tuned to imitate a *random legal* player of every game of its recipe (`RECIPE_GAMES`), in
+both observation modes and both prompt styles, so that it writes `\\boxed{move}` with a legal move and then
 stops, while its choice among the legal moves stays broad. Learning which legal move is a
 good one is left to RL.
 
@@ -38,7 +38,7 @@ from selfplay.prompts import (
     prompt_ids,
     state_message,
 )
-from selfplay.untrained_model import build_untrained
+from selfplay.untrained_model import RECIPE_GAMES, build_untrained
 
 EOS_TOKEN = "<|im_end|>"
 # Share of multi-turn examples: a chat holds every state a player saw and every move it made.
@@ -112,16 +112,16 @@ def random_legal_play(
     view_share: float = VIEW_SHARE,
 ) -> Iterator[Decision]:
     """Endless decisions of tilted random legal players (`tilted_probs` with `tilt`), cycling through
-    `games` (every native game by default) one move at a time so each game gets an equal share.
+    `games` (the default model's, `RECIPE_GAMES`, by default) one move at a time so each game gets
+    an equal share.
 
     Each player's chat is kept for the whole episode, in each prompt style; a decision is shown
     in the view style with probability `view_share`, else the full style, and as a multi-turn
     chat with probability `multi_turn_share` (when the player has moved before), else single-turn.
     """
     from selfplay.games import make_env
-    from selfplay.games.registry import NATIVE_GAMES
 
-    names = list(games or NATIVE_GAMES)
+    names = list(games or RECIPE_GAMES)
     rng = random.Random(seed)
     envs = {name: make_env(name) for name in names}
     chats: dict[str, dict[str, list[Message]]] = {}
@@ -403,14 +403,13 @@ def move_spread(moves: Sequence[str | None]) -> dict:
 
 
 def report(model_dir: str | Path, n: int = 200, seed: int = 0, games: Sequence[str] | None = None) -> dict:
-    """Legal-move rate and move spread of the model in `model_dir` on every native game, in each
-    prompt style."""
+    """Legal-move rate and move spread of the model in `model_dir` on each game of the default
+    model's recipe, in each prompt style."""
     from selfplay.backends.hf_backend import HFBackend
-    from selfplay.games.registry import NATIVE_GAMES
 
     backend = HFBackend(str(model_dir))
     rows = {}
-    for game in games or NATIVE_GAMES:
+    for game in games or RECIPE_GAMES:
         for style in PROMPT_STYLES:
             moves = sample_moves(backend, game, n, seed, prompt=style)
             rows[f"{game}/{style}"] = {"legal": sum(m is not None for m in moves) / n, **move_spread(moves)}

@@ -12,9 +12,8 @@ transformers = pytest.importorskip("transformers")
 
 from selfplay.backends.hf_backend import HFBackend  # noqa: E402
 from selfplay.games import make_env, make_game  # noqa: E402
-from selfplay.games.registry import NATIVE_GAMES  # noqa: E402
 from selfplay.prompts import PROMPT_STYLES  # noqa: E402
-from selfplay.untrained_model import build_untrained  # noqa: E402
+from selfplay.untrained_model import RECIPE_GAMES, build_untrained  # noqa: E402
 from selfplay.warm_start import (  # noqa: E402
     EOS_TOKEN,
     legal_move_rate,
@@ -43,7 +42,7 @@ def test_examples_are_well_formed_in_both_modes_and_styles(tokenizer):
     decisions = random_legal_play(seed=3, multi_turn_share=0.5)
     examples = legal_play_examples(3, tokenizer, multi_turn_share=0.5, max_prompt_tokens=4096)
     seen = set()
-    formats = {name: make_game(name).answer_format for name in NATIVE_GAMES}
+    formats = {name: make_game(name).answer_format for name in RECIPE_GAMES}
     for decision, (prompt, response) in itertools.islice(zip(decisions, examples), 300):
         seen.add((decision.game, decision.mode, decision.style))
         assert response[-1] == eos and eos not in response[:-1]
@@ -67,7 +66,7 @@ def test_examples_are_well_formed_in_both_modes_and_styles(tokenizer):
             assert decision.move in listed[-1].split(", ")
         if decision.style == "view":
             assert all("Legal moves" not in m["content"] for m in decision.messages)
-    assert {game for game, _, _ in seen} == set(NATIVE_GAMES)
+    assert {game for game, _, _ in seen} == set(RECIPE_GAMES)
     modes_and_styles = itertools.product(("single_turn", "multi_turn"), PROMPT_STYLES)
     assert {(mode, style) for _, mode, style in seen} == set(modes_and_styles)
 
