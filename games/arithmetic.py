@@ -36,8 +36,8 @@ class Arithmetic(TextGame):
         self.role = solver(float(format_penalty))
         self.answer_format = self.domain.answer_format
         self.rules = (
-            "You are shown one arithmetic expression over whole numbers. Answer with its value: "
-            f"1 point if right, 0 if wrong, {float(format_penalty):g} if no whole number can be read."
+            "You are shown one arithmetic expression over whole numbers. Objective: answer with its value. "
+            f"You score 1 if right, 0 if wrong, {float(format_penalty):g} if no whole number can be read."
         )
         self.task: Task | None = None
         self.example_seed = 0
