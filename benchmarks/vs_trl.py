@@ -85,7 +85,7 @@ def scheduled_prompts(args) -> list[dict]:
     from selfplay.league.manager import League
     from selfplay.prompts import opening_messages
 
-    config = selfplay_config(args, tempfile.mkdtemp())
+    config = selfplay_config(args, "unused")  # a league of one schedules without touching its run directory
     league = League(config)
     rows = []
     for step in range(1, args.steps + 1):

@@ -28,7 +28,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from selfplay.config import load_config  # noqa: E402
+from selfplay.config import TrainConfig, load_config  # noqa: E402
 from selfplay.evaluation.evaluate import find_candidates  # noqa: E402
 from selfplay.evaluation.exploitability import exploitability_of, move_probabilities  # noqa: E402
 from selfplay.evaluation.meta_strategy import expected_payoffs, meta_strategy, mixture_probabilities  # noqa: E402
@@ -42,16 +42,19 @@ KING_AFTER_CHECK = "2p"  # the second player's information state holding a King 
 BET = 1  # OpenSpiel's Kuhn Poker actions: 0 pass, 1 bet
 
 
-def games_per_step(run_dir: Path) -> int:
+def saved_config(run_dir: Path) -> TrainConfig:
+    return load_config(str(RunDir(run_dir).saved_config()), [])
+
+
+def games_per_step(config: TrainConfig) -> int:
     """Games the whole run plays in one step: every learning player's."""
-    config = load_config(str(RunDir(run_dir).saved_config()), [])
     learners = 1 + (config.league.main_exploiters + config.league.league_exploiters if config.league.enabled else 0)
     return learners * config.rollout.games_per_step
 
 
 def self_play_curve(run_dir: Path) -> list[tuple[int, float]]:
     """(games played, exploitability of the latest policy) at each of the run's evaluations."""
-    per_step = games_per_step(run_dir)
+    per_step = games_per_step(saved_config(run_dir))
     return [
         (e.step * per_step, e.figures[f"eval/{GAME}/exploitability"])
         for e in read_evaluations(RunDir(run_dir).eval_log)
@@ -61,9 +64,9 @@ def self_play_curve(run_dir: Path) -> list[tuple[int, float]]:
 def league_curve(run_dir: Path) -> tuple[list[dict], list[dict]]:
     """Rows for each step where the main player was frozen, and for each exploiter snapshot
     (see the module's docstring)."""
-    config = load_config(str(RunDir(run_dir).saved_config()), [])
+    config = saved_config(run_dir)
     asked = RolloutSettings.from_config(config.rollout)
-    per_step = games_per_step(run_dir)
+    per_step = games_per_step(config)
     with open_league(run_dir) as store:
         snapshots = sorted((p for p in store.players() if p.kind == "snapshot"), key=lambda p: p.created_step)
     policies = {}

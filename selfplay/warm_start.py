@@ -3,8 +3,8 @@
 Reinforcement learning from a pretrained base model starts from a policy that already writes
 well-formed answers. The default model is built from scratch, so it gets there here: it is
 fine-tuned to imitate a *random legal* player of every game of its recipe (`RECIPE_GAMES`), in
-both observation modes and both prompt styles, so that it writes `\\boxed{move}` with a legal move and then
-stops, while its choice among the legal moves stays broad. Learning which legal move is a
+both observation modes and both prompt styles, so that it writes `\\boxed{move}` with a legal
+move and then stops, while its choice among the legal moves stays broad. Learning which legal move is a
 good one is left to RL.
 
 The random player is *tilted*: in each state it prefers some legal moves to others, by random
