@@ -103,6 +103,7 @@ def main() -> None:
             f"{label:<22} {rollout_rate:>14,.0f} {bare_rate:>11,.0f} {rollout_rate / bare_rate:>11.3f} "
             f"{rollout_rate / best_bare:>16.3f} {mean_batch:>11.1f}"
         )
+    print(f"\n{rows[0][0]} / one game at a time: {rows[0][1] / rows[1][1]:.2f}x the tokens/s (target: 3x)")
 
     rollout(backend, args.games, args.memory_concurrent, args.memory_concurrent, sampling, args.retries)
     backend.close()  # engine processes report their peak once they have exited

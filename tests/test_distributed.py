@@ -13,6 +13,7 @@ import signal
 import sys
 
 import pytest
+import torch
 
 ray = pytest.importorskip("ray")
 
@@ -110,8 +111,20 @@ def test_ray_missing_unreachable_or_too_small_is_one_clear_error(monkeypatch):
         load_config(None, ["distributed.max_staleness=1"])
 
 
+@pytest.fixture
+def one_thread():
+    """A worker's torch uses `distributed.worker_cpus` threads (1 here): the run without Ray uses as
+    many, since torch's CPU kernels may split a sum differently with another number of threads."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.mark.slow
-def test_one_worker_gives_byte_identical_records_to_a_run_without_ray(tiny_model_dir, tmp_path, local_ray):
+def test_one_worker_gives_byte_identical_records_to_a_run_without_ray(
+    tiny_model_dir, tmp_path, local_ray, one_thread
+):
     # Without exploiters: in one process a LoRA exploiter samples through its adapters, a
     # worker through the merged weights, and their log-probs differ in the last bit.
     snapshots_and_scripted = ["league.main_exploiters=0", "league.league_exploiters=0"]

@@ -2,7 +2,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from selfplay.backends import SamplingSettings, make_backend, save_weights
-from selfplay.backends.hf_backend import HFBackend
+from selfplay.backends.hf_backend import MIN_SHARED_PREFIX, HFBackend, prefix_batches
 from selfplay.games import make_env
 from selfplay.prompts import opening_messages, prompt_ids
 
@@ -98,3 +98,39 @@ def test_a_bf16_backend_holds_bf16_weights_and_casts_fp32_updates(tiny_model_dir
             logprobs, recomputed_logprobs(backend.model, prompt, generation.token_ids, 1.0), atol=0.25
         )
         assert (logprobs - recomputed_logprobs(original, prompt, generation.token_ids, 1.0)).abs().max() > 0.5
+
+
+def test_prompts_sharing_a_prefix_batch_together_and_the_rest_batch_apart():
+    rules_a, rules_b = list(range(100, 100 + MIN_SHARED_PREFIX)), list(range(200, 200 + MIN_SHARED_PREFIX))
+    prompts = [
+        rules_a + [1, 2, 3],
+        [7, 1],  # shares nothing
+        rules_b + [5],
+        rules_a + [4],
+        [9, 9, 9],  # shares nothing
+        rules_b + [6, 6],
+        rules_a + [1, 2],
+    ]
+    batches = prefix_batches(prompts, max_size=2)
+    assert sorted(i for batch in batches for i in batch) == list(range(len(prompts)))
+    # each by length; game a's three split at two, and its odd one out batches with the prompts alone
+    assert batches == [[6, 0], [2, 5], [1, 4], [3]]
+    assert prefix_batches(prompts, max_size=8) == [[3, 6, 0], [2, 5], [1, 4]]
+
+
+def test_a_batch_sharing_its_rules_samples_as_each_prompt_alone(tiny_model_dir):
+    backend = HFBackend(str(tiny_model_dir))
+    env = make_env("tictactoe")
+    prompts = []
+    for seed in range(6):
+        env.reset(seed=seed)
+        for move in env.legal_moves()[: seed % 3]:
+            env.step(env.answer(move))
+        prompts.append(prompt_ids(backend.tokenizer, opening_messages(env.observe(env.agent_selection))))
+    assert len({tuple(p) for p in prompts}) > 1
+    greedy = SamplingSettings(max_new_tokens=8, temperature=0)
+    together = backend.generate(prompts, greedy)
+    alone = [backend.generate([prompt], greedy)[0] for prompt in prompts]
+    assert [g.token_ids for g in together] == [g.token_ids for g in alone]
+    for a, b in zip(together, alone):
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)

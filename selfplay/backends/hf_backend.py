@@ -21,6 +21,42 @@ from selfplay.scoring import pick_device, response_hidden
 FROZEN_STATE_CACHE = 8192
 
 
+# Prompts sharing at least this many leading tokens (a game's rules) are sampled in one batch
+# that runs the shared part once.
+MIN_SHARED_PREFIX = 32
+
+
+def common_prefix_length(prompts: list[list[int]]) -> int:
+    """How many leading tokens every prompt shares, leaving each at least one of its own."""
+    first = prompts[0]
+    shared = min(len(p) for p in prompts) - 1
+    for prompt in prompts[1:]:
+        shared = next((i for i in range(shared) if prompt[i] != first[i]), shared)
+    return shared
+
+
+def prefix_batches(prompts: list[list[int]], max_size: int) -> list[list[int]]:
+    """The prompts' indices in batches of at most `max_size`: prompts that share a prefix of
+    MIN_SHARED_PREFIX tokens or more batch together (sorted by their tokens, prompts of one game
+    are neighbours); those that share none with another batch together. Each batch is sorted by
+    length, so that little of it is padding."""
+    groups: list[list[int]] = []
+    for i in sorted(range(len(prompts)), key=lambda i: prompts[i]):
+        group = groups[-1] if groups else None
+        if (
+            group
+            and len(group) < max_size
+            and common_prefix_length([prompts[group[0]], prompts[i]]) >= MIN_SHARED_PREFIX
+        ):
+            group.append(i)
+        else:
+            groups.append([i])
+    shared = [g for g in groups if len(g) > 1]
+    alone = sorted((g[0] for g in groups if len(g) == 1), key=lambda i: len(prompts[i]))
+    shared += [alone[start : start + max_size] for start in range(0, len(alone), max_size)]
+    return [sorted(g, key=lambda i: len(prompts[i])) for g in shared]
+
+
 class HFBackend(PolicyBackend):
     """Batched sampling with `model.generate`; prompts are sorted by length and left-padded.
 
@@ -62,7 +98,6 @@ class HFBackend(PolicyBackend):
     def generate(
         self, prompts: list[list[int]], sampling: SamplingSettings, choices: list[Choices] | None = None
     ) -> list[Generation]:
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         results: list[Generation | None] = [None] * len(prompts)
         # Sampling draws from torch's global generator; fork it so a seed here never
         # disturbs (or is disturbed by) the caller's random state.
@@ -72,8 +107,7 @@ class HFBackend(PolicyBackend):
         try:
             with torch.random.fork_rng(devices=devices):
                 torch.manual_seed(sampling.seed)
-                for start in range(0, len(order), self.max_batch_size):
-                    chunk = order[start : start + self.max_batch_size]
+                for chunk in prefix_batches(prompts, self.max_batch_size):
                     batch = [prompts[i] for i in chunk]
                     if choices is None:
                         generations = self._generate_batch(batch, sampling)
@@ -86,16 +120,29 @@ class HFBackend(PolicyBackend):
         return results
 
     def _generate_batch(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[Generation]:
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        # The prompts' common prefix (a game's rules, most of each prompt) runs once; its keys
+        # and values are repeated across the batch, and each row's rest follows it, left-padded
+        # after the prefix (masked out, positions counted over real tokens only).
+        shared = common_prefix_length(prompts) if len(prompts) > 1 else 0
+        cache = None
+        if shared:
+            cache = self.model(input_ids=torch.tensor([prompts[0][:shared]], device=self.device)).past_key_values
+            cache.batch_repeat_interleave(len(prompts))
+        width = max(len(p) for p in prompts) - shared
+        input_ids = torch.full((len(prompts), shared + width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), shared + width), dtype=torch.long)
         for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
-            attention_mask[row, width - len(prompt) :] = 1
+            rest = prompt[shared:]
+            input_ids[row, :shared] = torch.tensor(prompt[:shared], dtype=torch.long)
+            attention_mask[row, :shared] = 1
+            input_ids[row, shared + width - len(rest) :] = torch.tensor(rest, dtype=torch.long)
+            attention_mask[row, shared + width - len(rest) :] = 1
+        width += shared
         greedy = sampling.temperature == 0
         out = self.model.generate(
             input_ids=input_ids.to(self.device),
             attention_mask=attention_mask.to(self.device),
+            past_key_values=cache,
             max_new_tokens=sampling.max_new_tokens,
             do_sample=not greedy,
             temperature=None if greedy else sampling.temperature,
