@@ -1,12 +1,13 @@
 """selfplay against TRL's GRPOTrainer on the same work, back to back in one invocation.
 
-The task is single-turn with an exact reward: the `arithmetic` game (one expression, 1 point
-for its value). Both trainers get the same model, the same prompts in the same order (the
-expressions selfplay's own schedule draws for each step, each asked with selfplay's chat
-prompt), the same samples per prompt, max new tokens, temperature, learning rate, steps and
-loss: group-normalised advantages (GRPO), no KL, one on-policy gradient step per batch, the
-loss averaged over tokens, gradients clipped at 1, AdamW at a constant rate. Rewards in TRL
-are the game's own: each completion is played in the game it was asked from.
+The task is single-turn with an exact reward: by default the `arithmetic` game (one expression,
+1 point for its value; `--game` names another one-seat game or sets its options). Both trainers
+get the same model, the same prompts in the same order (the expressions selfplay's own schedule
+draws for each step, each asked with selfplay's chat prompt), the same samples per prompt, max
+new tokens, temperature, learning rate, steps and loss: group-normalised advantages (GRPO), no
+KL, one on-policy gradient step per batch, the loss averaged over tokens, gradients clipped at 1,
+AdamW at a constant rate. Rewards in TRL are the game's own: each completion is played in the
+game it was asked from.
 
 Each trainer runs in its own process, so that each peak memory (maximum resident set) is its
 own; TRL runs on CPU without vLLM, as selfplay's `hf` backend does. Printed for each: samples/s
@@ -16,8 +17,8 @@ selfplay: playing the games out, rewards and weight sync), peak memory, and the 
 by step; then selfplay's ratio to TRL. TRL is a benchmark-only dependency
 (`pip install -e '.[bench]'`); the package never imports it.
 
-    python benchmarks/vs_trl.py [--model default] [--steps 8] [--prompts 8] [--samples 8]
-        [--max-new-tokens 16] [--temperature 1.0] [--lr 1e-5] [--seed 0]
+    python benchmarks/vs_trl.py [--model default] [--game arithmetic] [--steps 8] [--prompts 8]
+        [--samples 8] [--max-new-tokens 16] [--temperature 1.0] [--lr 1e-5] [--seed 0]
 """
 
 from __future__ import annotations
@@ -30,8 +31,6 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
-
-GAME = "arithmetic"
 
 
 @dataclass
@@ -55,7 +54,7 @@ def selfplay_config(args, run_dir: str):
             f"seed={args.seed}",
             f"steps={args.steps}",
             f"checkpoint_every={args.steps}",
-            f"games={{{GAME}: 1}}",
+            f"games={{'{args.game}': 1}}",
             "opponents={self: 1}",
             "backend=hf",
             "backend_precision=fp32",
@@ -120,25 +119,6 @@ def run_selfplay(args) -> Figures:
     return figures
 
 
-REWARD_S: list[float] = []  # time spent in game_reward, by call
-
-
-def game_reward(prompts, completions, seed, **_) -> list[float]:
-    """Each completion played in the game it was asked from: the game's own reward."""
-    from selfplay.games import make_env
-
-    started = time.perf_counter()
-    rewards = []
-    for completion, game_seed in zip(completions, seed):
-        env = make_env(GAME)
-        env.reset(seed=game_seed)
-        agent = env.agent_selection
-        env.step(completion[-1]["content"])
-        rewards.append(env.rewards[agent])
-    REWARD_S.append(time.perf_counter() - started)
-    return rewards
-
-
 def run_trl(args) -> Figures:
     import torch
     from datasets import Dataset
@@ -147,6 +127,23 @@ def run_trl(args) -> Figures:
     from trl import GRPOConfig, GRPOTrainer
 
     from selfplay.default_model import resolve_model
+
+    reward_s = []  # time spent in game_reward, by call
+
+    def game_reward(prompts, completions, seed, **_) -> list[float]:
+        """Each completion played in the game it was asked from: the game's own reward."""
+        from selfplay.games import make_env
+
+        started = time.perf_counter()
+        rewards = []
+        for completion, game_seed in zip(completions, seed):
+            env = make_env(args.game)
+            env.reset(seed=game_seed)
+            agent = env.agent_selection
+            env.step(completion[-1]["content"])
+            rewards.append(env.rewards[agent])
+        reward_s.append(time.perf_counter() - started)
+        return rewards
 
     torch.manual_seed(args.seed)
     path = resolve_model(args.model)
@@ -168,12 +165,12 @@ def run_trl(args) -> Figures:
         def on_step_begin(self, *_, **__):
             self.started = time.perf_counter()
             generating.clear()
-            REWARD_S.clear()
+            reward_s.clear()
 
         def on_step_end(self, *_, **__):
             figures.steps_s.append(time.perf_counter() - self.started)
             figures.generate_s.append(sum(generating))
-            figures.learn_s.append(figures.steps_s[-1] - figures.generate_s[-1] - sum(REWARD_S))
+            figures.learn_s.append(figures.steps_s[-1] - figures.generate_s[-1] - sum(reward_s))
 
         def on_log(self, _args, _state, _control, logs=None, **__):
             if logs and "reward" in logs:
@@ -253,6 +250,9 @@ def summary(name: str, figures: Figures, samples_per_step: int) -> dict[str, flo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="default", help="a Hugging Face model name or directory")
+    parser.add_argument(
+        "--game", default="arithmetic", help="a one-seat game spec, e.g. 'arithmetic(format_penalty=-1)'"
+    )
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--prompts", type=int, default=8, help="prompts per step")
     parser.add_argument("--samples", type=int, default=8, help="samples per prompt (the group)")
@@ -263,7 +263,7 @@ def main() -> None:
     args = parser.parse_args()
     samples = args.prompts * args.samples
     print(
-        f"{GAME}, {args.steps} steps of {args.prompts} prompts x {args.samples} samples, "
+        f"{args.game}, {args.steps} steps of {args.prompts} prompts x {args.samples} samples, "
         f"{args.max_new_tokens} new tokens at most, model {args.model}, CPU"
     )
     ours, theirs = in_process(run_selfplay, args), in_process(run_trl, args)

@@ -122,9 +122,7 @@ def one_thread():
 
 
 @pytest.mark.slow
-def test_one_worker_gives_byte_identical_records_to_a_run_without_ray(
-    tiny_model_dir, tmp_path, local_ray, one_thread
-):
+def test_one_worker_gives_byte_identical_records_to_a_run_without_ray(tiny_model_dir, tmp_path, local_ray, one_thread):
     # Without exploiters: in one process a LoRA exploiter samples through its adapters, a
     # worker through the merged weights, and their log-probs differ in the last bit.
     snapshots_and_scripted = ["league.main_exploiters=0", "league.league_exploiters=0"]
