@@ -140,7 +140,7 @@ def batch_sizes_run(monkeypatch) -> list[int]:
 
 def test_legal_sampling_runs_each_distinct_context_once(tiny_model_dir, hf_model, tokenizer, monkeypatch):
     backend = make_backend("hf", str(tiny_model_dir))
-    turns = turns_with_choices(tokenizer, games=("tictactoe",), per_game=3)  # one game: one batch
+    turns = turns_with_choices(tokenizer, games=("kuhn_poker", "tictactoe"), per_game=2)
     prompts, choices = [t[0] for t in turns] * 4, [t[1] for t in turns] * 4
     contexts_run = batch_sizes_run(monkeypatch)
     generations = backend.generate(prompts, LEGAL, choices)

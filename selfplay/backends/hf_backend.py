@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -35,6 +36,13 @@ def common_prefix_length(prompts: list[list[int]]) -> int:
     return shared
 
 
+def length_batches(indices: Iterable[int], prompts: list[list[int]], max_size: int) -> list[list[int]]:
+    """`indices` sorted by the length of their prompts, in batches of at most `max_size`: little
+    of each batch is padding."""
+    order = sorted(indices, key=lambda i: len(prompts[i]))
+    return [order[start : start + max_size] for start in range(0, len(order), max_size)]
+
+
 def prefix_batches(prompts: list[list[int]], max_size: int) -> list[list[int]]:
     """The prompts' indices in batches of at most `max_size`: prompts that share a prefix of
     MIN_SHARED_PREFIX tokens or more batch together (sorted by their tokens, prompts of one game
@@ -51,10 +59,8 @@ def prefix_batches(prompts: list[list[int]], max_size: int) -> list[list[int]]:
             group.append(i)
         else:
             groups.append([i])
-    shared = [g for g in groups if len(g) > 1]
-    alone = sorted((g[0] for g in groups if len(g) == 1), key=lambda i: len(prompts[i]))
-    shared += [alone[start : start + max_size] for start in range(0, len(alone), max_size)]
-    return [sorted(g, key=lambda i: len(prompts[i])) for g in shared]
+    shared = [sorted(g, key=lambda i: len(prompts[i])) for g in groups if len(g) > 1]
+    return shared + length_batches((g[0] for g in groups if len(g) == 1), prompts, max_size)
 
 
 class HFBackend(PolicyBackend):
@@ -107,7 +113,12 @@ class HFBackend(PolicyBackend):
         try:
             with torch.random.fork_rng(devices=devices):
                 torch.manual_seed(sampling.seed)
-                for chunk in prefix_batches(prompts, self.max_batch_size):
+                # Only free sampling runs a shared prefix once; legal decoding runs whole contexts.
+                if choices is None:
+                    chunks = prefix_batches(prompts, self.max_batch_size)
+                else:
+                    chunks = length_batches(range(len(prompts)), prompts, self.max_batch_size)
+                for chunk in chunks:
                     batch = [prompts[i] for i in chunk]
                     if choices is None:
                         generations = self._generate_batch(batch, sampling)
@@ -131,10 +142,10 @@ class HFBackend(PolicyBackend):
         width = max(len(p) for p in prompts) - shared
         input_ids = torch.full((len(prompts), shared + width), self.pad_id, dtype=torch.long)
         attention_mask = torch.zeros((len(prompts), shared + width), dtype=torch.long)
+        input_ids[:, :shared] = torch.tensor(prompts[0][:shared], dtype=torch.long)
+        attention_mask[:, :shared] = 1
         for row, prompt in enumerate(prompts):
             rest = prompt[shared:]
-            input_ids[row, :shared] = torch.tensor(prompt[:shared], dtype=torch.long)
-            attention_mask[row, :shared] = 1
             input_ids[row, shared + width - len(rest) :] = torch.tensor(rest, dtype=torch.long)
             attention_mask[row, shared + width - len(rest) :] = 1
         width += shared
