@@ -22,6 +22,7 @@ import numpy as np
 from pettingzoo import AECEnv
 from pettingzoo.utils import AgentSelector
 
+from selfplay.errors import UserError
 from selfplay.games.answers import BOXED, AnswerFormat, normalize
 
 # Observation text is kept to printable ASCII so it always lies inside the Text spaces.
@@ -317,12 +318,19 @@ class TextGameEnv(AECEnv):
 
     def observe(self, agent: str) -> dict:
         seat = self._seat[agent]
-        return {
-            "observation": np.asarray(self.game.observation_tensor(seat), dtype=np.float32),
+        texts = {
             "rules": ascii_text(self.game.rules),
             "state": ascii_text(self.state_text(agent)),
             "view": ascii_text(self.game.describe(seat)),
         }
+        for part, text in texts.items():
+            if len(text) > MAX_TEXT_LENGTH:  # outside the observation space, and more than any prompt should hold
+                raise UserError(
+                    f"Game '{self.metadata['name']}' is too large to prompt: its {part} text for {agent} at turn "
+                    f"{self.turns} is {len(text):,} characters, more than an observation holds ({MAX_TEXT_LENGTH:,}). "
+                    "Choose smaller game parameters."
+                )
+        return {"observation": np.asarray(self.game.observation_tensor(seat), dtype=np.float32), **texts}
 
     def state_text(self, agent: str) -> str:
         seat = self._seat[agent]

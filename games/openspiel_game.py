@@ -10,17 +10,23 @@ exact OpenSpiel twin, which search and solver agents (MCTS, CFR) and exploitabil
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 import pyspiel
 
 from selfplay.errors import UserError
-from selfplay.games.base import TextGame, ascii_text
+from selfplay.games.base import MAX_TEXT_LENGTH, TextGame, ascii_text
 from selfplay.games.openspiel_rules import rules_for, utility_kind
 
 # The ante that Kuhn Poker and Leduc Hold'em take from each player; they have no blinds.
 ANTE_GAMES = {"kuhn_poker": 1.0, "leduc_poker": 1.0}
+# Bounds on what one state of a game may hold, checked before OpenSpiel allocates it: the moves
+# (and chance outcomes) one state can list, and the numbers in one observation tensor. Parameters
+# past them (nim with a pile of 10^8) would fill the machine's memory before the first move.
+MAX_ACTIONS = 1_000_000
+MAX_OBSERVATION_VALUES = 1_000_000
 
 
 def poker_big_blind(game: pyspiel.Game) -> float | None:
@@ -57,6 +63,8 @@ class OpenSpielGame(TextGame):
                     f"{', '.join(known) or 'none'}."
                 )
             self.spiel_game = pyspiel.load_game(name, params)
+            _check_size(self.spiel_game)
+            self.state: pyspiel.State = self.spiel_game.new_initial_state()
         except pyspiel.SpielError as err:
             raise UserError(f"OpenSpiel cannot load '{name}' with {params}: {err}") from None
         kind = self.spiel_game.get_type()
@@ -72,19 +80,11 @@ class OpenSpielGame(TextGame):
         self.judged_by_return = kind.chance_mode != pyspiel.GameType.ChanceMode.DETERMINISTIC
         self.big_blind = poker_big_blind(self.spiel_game)
         self._perfect_information = kind.information == pyspiel.GameType.Information.PERFECT_INFORMATION
-        if kind.provides_observation_tensor:
-            self._tensor = "observation"
-            self.observation_shape = tuple(self.spiel_game.observation_tensor_shape())
-        elif kind.provides_information_state_tensor:
-            self._tensor = "information_state"
-            self.observation_shape = tuple(self.spiel_game.information_state_tensor_shape())
-        else:
-            self._tensor = None
-            self.observation_shape = (1,)
+        self._tensor, self.observation_shape = _observation_tensor(self.spiel_game)
         self.max_length = self.spiel_game.max_game_length()
+        self._rng = np.random.default_rng(0)  # until `reset` hands the game its generator
+        self._check_promptable()
         self.rules = self.rules_text()
-        self.state: pyspiel.State = self.spiel_game.new_initial_state()
-        self._rng = np.random.default_rng()
 
     # -- the state machine ---------------------------------------------------------------
 
@@ -118,7 +118,37 @@ class OpenSpielGame(TextGame):
     def move_name(self, action: int) -> str:
         """The canonical move name of an OpenSpiel action for the current player, in ASCII as the
         prompt shows it (bridge's 1♣ is 1C)."""
-        return ascii_text(self.state.action_to_string(self.state.current_player(), action))
+        return ascii_text(self._spiel_text(self.state.action_to_string, self.state.current_player(), action))
+
+    def _spiel_text(self, method, *args) -> str:
+        """What an OpenSpiel text method returns, or a UserError where it writes bytes that are not
+        UTF-8 (as some games' boards do past 26 columns or rows)."""
+        try:
+            return method(*args)
+        except UnicodeDecodeError as err:
+            raise UserError(
+                f"OpenSpiel's '{self.spiel_game}' writes text that is not UTF-8 ({bytes(err.object[:24])!r}...), so "
+                "no player could read its state or moves. Its text is broken at these parameters: choose smaller ones."
+            ) from None
+
+    def _check_promptable(self) -> None:
+        """Deal a first state and read what a prompt would show of it (each player's view and the
+        mover's legal moves), so that a game OpenSpiel cannot write, or whose first state is too long
+        to prompt, is refused before anything is played or written."""
+        self._play_chance()
+        try:
+            views = [len(self._view(player)) for player in range(self.num_players)]
+            mover = self.state.current_player()
+            names = [self._spiel_text(self.state.action_to_string, mover, a) for a in self.state.legal_actions()]
+        finally:
+            self.state = self.spiel_game.new_initial_state()
+        longest = max(views) + sum(len(name) + 2 for name in names)  # listed as "a, b, ..."
+        if longest > MAX_TEXT_LENGTH:
+            raise UserError(
+                f"OpenSpiel's '{self.spiel_game}' is too large to prompt: its first state's view and legal moves "
+                f"take {longest:,} characters, more than an observation holds ({MAX_TEXT_LENGTH:,}). Choose "
+                "smaller parameters."
+            )
 
     def action_of(self, move: str) -> int:
         for action in self.state.legal_actions():
@@ -161,13 +191,45 @@ class OpenSpielGame(TextGame):
         )
 
     def describe(self, player: int) -> str:
+        sides = rules_for(self.spiel_game).sides
+        side = f", playing {sides[player]}" if player < len(sides) else ""
+        return (
+            f"You are player {player} of {self.num_players}{side}.\nCurrent state (as OpenSpiel writes it):\n"
+            f"{self._view(player)}"
+        )
+
+    def _view(self, player: int) -> str:
+        """The state as OpenSpiel writes it for `player`."""
         kind = self.spiel_game.get_type()
         if (
             self._perfect_information or not kind.provides_information_state_string
         ) and kind.provides_observation_string:
-            view = self.state.observation_string(player)
-        else:
-            view = self.state.information_state_string(player)
-        sides = rules_for(self.spiel_game).sides
-        side = f", playing {sides[player]}" if player < len(sides) else ""
-        return f"You are player {player} of {self.num_players}{side}.\nCurrent state (as OpenSpiel writes it):\n{view}"
+            return self._spiel_text(self.state.observation_string, player)
+        return self._spiel_text(self.state.information_state_string, player)
+
+
+def _check_size(game: pyspiel.Game) -> None:
+    """Refuse a game whose states would list more moves or chance outcomes, or whose observations
+    hold more numbers, than the bounds above, with the size it asked for."""
+    sizes = {
+        "distinct moves": (game.num_distinct_actions(), MAX_ACTIONS),
+        "chance outcomes at one node": (game.max_chance_outcomes(), MAX_ACTIONS),
+        "numbers in an observation tensor": (math.prod(_observation_tensor(game)[1]), MAX_OBSERVATION_VALUES),
+    }
+    for what, (size, bound) in sizes.items():
+        if size > bound:
+            raise UserError(
+                f"OpenSpiel's '{game}' is too large to play: it has {size:,} {what}, more than {bound:,}. "
+                "Choose smaller parameters."
+            )
+
+
+def _observation_tensor(game: pyspiel.Game) -> tuple[str | None, tuple[int, ...]]:
+    """The tensor a player observes the game by ("observation", "information_state", or None for a
+    game that provides neither, observed by its move number) and its shape."""
+    kind = game.get_type()
+    if kind.provides_observation_tensor:
+        return "observation", tuple(game.observation_tensor_shape())
+    if kind.provides_information_state_tensor:
+        return "information_state", tuple(game.information_state_tensor_shape())
+    return None, (1,)

@@ -356,3 +356,34 @@ def test_play_eval_league_and_games_with_bad_arguments_answer_in_one_line(micro_
     codes = [run_cli(argv, capsys) for argv in cases]
     assert codes.count(2) > codes.count(0) > 0
     assert run_cli(["games", "list"], capsys) == 0
+
+
+# Game specs OpenSpiel accepts but cannot serve: text that is not UTF-8 (boards past 26 columns
+# or rows), states too large to hold (a pile of 10^8 in nim; 10^8 bids; 10^8 chance outcomes)
+# or to prompt (a 100 x 100 dots-and-boxes grid), and parameters it refuses on its first state.
+UNSERVABLE_SPECS = {
+    "openspiel:breakthrough(columns=32)": "not UTF-8",
+    "openspiel:hex(board_size=200)": "not UTF-8",
+    "openspiel:nim(pile_sizes=100000000;3)": "200,000,001 distinct moves",
+    "nim(pile_sizes=100000000;3)": "200,000,001 distinct moves",
+    "openspiel:first_sealed_auction(max_value=100000000)": "100,000,000 distinct moves",
+    "openspiel:connect_four(rows=1000,columns=1000)": "3,000,000 numbers in an observation tensor",
+    "openspiel:dots_and_boxes(num_rows=100,num_cols=100)": "too large to prompt",
+    "openspiel:go(board_size=100)": "supports board size up to 19",
+}
+
+
+@pytest.mark.parametrize("spec", UNSERVABLE_SPECS)
+def test_a_game_openspiel_cannot_serve_is_refused_by_play_train_and_eval_before_anything_is_written(
+    spec, micro_model_dir, workdir, capsys
+):
+    before = set(workdir.rglob("*"))
+    commands = [
+        ["play", spec, "--agents", "random,random", "--episodes", "1", "--no-progress"],
+        ["train", *TINY_RUN, f"model={micro_model_dir}", "run_dir=run", f"games={{'{spec}': 1}}"],
+        ["eval", "--checkpoints", str(micro_model_dir), "--games", spec, "--no-progress", "--out", "eval"],
+    ]
+    for argv in commands:
+        assert main(argv) == 2, argv
+        assert UNSERVABLE_SPECS[spec] in capsys.readouterr().err, argv
+    assert new_paths(workdir, before) <= {workdir / "eval"}  # eval makes its output directory first

@@ -1,7 +1,10 @@
 import numpy as np
+import pytest
 from pettingzoo.test import api_test, seed_test
 
+from selfplay.errors import UserError
 from selfplay.games import AnswerFormat, InvalidMovePolicy, TextGameEnv
+from selfplay.games.base import MAX_TEXT_LENGTH
 
 
 def make(count_to, **kwargs):
@@ -107,6 +110,19 @@ def test_text_stays_inside_the_observation_space(count_to):
     obs = env.observe("player_0")
     assert obs["rules"] == "Regles: ajoutez 1 ou 2 [check mark]"  # ASCII, nothing lost to "?"
     assert env.observation_space("player_0").contains(obs)
+
+
+def test_a_state_too_long_to_prompt_is_refused_with_its_size_where_it_arises(count_to):
+    class Growing(count_to):
+        def describe(self, player):  # the state text outgrows an observation once the total is 2
+            return "x" * (self.total * MAX_TEXT_LENGTH // 2)
+
+    env = TextGameEnv(Growing(), name="growing")
+    env.reset(seed=0)
+    env.observe("player_0")
+    env.step("\\boxed{2}")
+    with pytest.raises(UserError, match=r"'growing' is too large to prompt: its state text for player_1 at turn 1"):
+        env.observe("player_1")
 
 
 def test_a_game_can_choose_its_answer_format(count_to):
