@@ -7,7 +7,8 @@ sandbox bans (ctypes, sockets, subprocess, mmap, ...), so that a task that gets 
 import guard still finds no C code to call the kernel with. Its working directory is a fresh,
 empty tmpfs, read-only like the rest, so the task creates no files and writes no bytes: the
 file-count and file-size limits are zero. A seccomp filter refuses new processes (threads
-included), namespaces, mounts, device nodes, tracing, sockets and kernel keyrings. The task runs
+included), namespaces, mounts, device nodes, tracing, sockets, kernel keyrings and the kernel's
+random numbers (no /dev/urandom either: a run's randomness is its seed alone). The task runs
 under the unprivileged uid 65534 ("nobody") outside the jail as well as inside when the trainer
 runs as root; otherwise under the trainer's own uid, which the namespaces keep from everything
 of the trainer's. No capability, no /proc, no network, and `--die-with-parent` plus the PID
@@ -51,6 +52,16 @@ _UNNEEDED = {
 _RUNNER_MODULES = {"os", "sys", "threading", "importlib", "resource"}
 CLONE_THREAD = 0x00010000
 TIOCSTI = 0x5412
+# How the sandbox starts the interpreter, in the jail and out of it: no site-packages (-S, -s) and no
+# bytecode written (-B). Not -I: it would ignore PYTHONHASHSEED, and the environment needs no
+# ignoring, as it holds only what python_environment() sets.
+PYTHON_FLAGS = ("-S", "-s", "-B")
+
+
+def python_environment(hash_seed: int) -> dict[str, str]:
+    """The interpreter's whole environment: its hash seed pinned, so that the order of a set of strings
+    is the same in every run under that seed, and the script's directory off the import path."""
+    return {"PYTHONHASHSEED": str(hash_seed), "PYTHONSAFEPATH": "1"}
 
 
 @dataclass(frozen=True)
@@ -64,7 +75,8 @@ class Jail:
     seccomp: bytes  # compiled BPF, handed to bwrap through a descriptor
     run_as: int | None  # the uid (and gid) bwrap runs as; None keeps the trainer's
 
-    def command(self, program: str, args: list[str], seccomp_fd: int) -> list[str]:
+    def command(self, program: str, args: list[str], seccomp_fd: int, hash_seed: int = 0) -> list[str]:
+        environment = {"LD_LIBRARY_PATH": self.library_path, "PATH": "/nonexistent", **python_environment(hash_seed)}
         return [
             "bwrap",
             *("--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"),
@@ -73,9 +85,10 @@ class Jail:
             *("--ro-bind", str(self.root), "/"),
             *("--dev-bind", "/dev/null", "/dev/null"),
             *("--tmpfs", WORKDIR, "--remount-ro", WORKDIR, "--chdir", WORKDIR),
-            *("--clearenv", "--setenv", "LD_LIBRARY_PATH", self.library_path, "--setenv", "PATH", "/nonexistent"),
+            "--clearenv",
+            *(word for name, value in environment.items() for word in ("--setenv", name, value)),
             *("--seccomp", str(seccomp_fd)),
-            *(self.python, "-I", "-S", "-B", "-c", program, *args),
+            *(self.python, *PYTHON_FLAGS, "-c", program, *args),
         ]
 
 
@@ -186,8 +199,8 @@ def _seccomp_program() -> bytes:
     """A filter that allows every system call but these: new processes (a clone without
     CLONE_THREAD, fork, vfork; clone3 answers ENOSYS so that the C library falls back to clone),
     sockets, namespaces and mounts, device nodes, tracing and other processes' memory and
-    descriptors, kernel keyrings, BPF, perf, userfaultfd, io_uring, modules, and faking terminal
-    input."""
+    descriptors, kernel keyrings, BPF, perf, userfaultfd, io_uring, modules, faking terminal input,
+    and random numbers (getrandom: the interpreter's hash seed is pinned, so it needs none)."""
     import pyseccomp as seccomp
 
     denied = (
@@ -196,7 +209,7 @@ def _seccomp_program() -> bytes:
         "fsconfig fspick mount_setattr mknod mknodat keyctl add_key request_key bpf perf_event_open userfaultfd "
         "io_uring_setup io_uring_enter io_uring_register kexec_load kexec_file_load init_module finit_module "
         "delete_module reboot swapon swapoff acct quotactl sethostname setdomainname syslog iopl ioperm "
-        "name_to_handle_at open_by_handle_at"
+        "name_to_handle_at open_by_handle_at getrandom"
     ).split()
     program = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
     for name in denied:

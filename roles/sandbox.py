@@ -4,10 +4,10 @@ In the code-reasoning game (after Absolute Zero) the model proposes a small dete
 and an input, and the framework runs them to get the output the solver must predict. Model output is
 untrusted input: it must never crash or stall the trainer, touch a file of the machine's, reach the
 network or start processes. The boundary is the operating system's: each run is a fresh interpreter
-(`python -I -S`: no site-packages, no PYTHON* variables) inside a bubblewrap jail (`bubblewrap.py`:
-its own user, PID, network, mount and IPC namespaces, a read-only root holding only the interpreter
-and the allowed standard library, an empty read-only working directory, a seccomp filter, and the
-unprivileged uid 65534 even when the trainer runs as root). Within it:
+(`python -S -s -B`: no site-packages, in an environment of the sandbox's own) inside a bubblewrap
+jail (`bubblewrap.py`: its own user, PID, network, mount and IPC namespaces, a read-only root holding
+only the interpreter and the allowed standard library, an empty read-only working directory, a
+seccomp filter, and the unprivileged uid 65534 even when the trainer runs as root). Within it:
 
 - Kernel limits, set by the runner on itself before it reads the task: CPU time, address space and
   open descriptors as `SandboxLimits` says, and zero file size, core size and process count.
@@ -18,6 +18,22 @@ unprivileged uid 65534 even when the trainer runs as root). Within it:
   signal, ctypes, bytecode, tracing, walking the heap, changing limits), and an `__import__` that
   refuses banned modules even when they are loaded already. Imports compile from source (no .pyc is
   read), so unmarshalling stays blockable.
+
+Determinism. A run pins what the sandbox controls: the interpreter's hash seed (PYTHONHASHSEED; `-I`
+would ignore it) and `random`'s seed are both the run's `seed`, and the jail gives the task the same
+hostname, PIDs and working directory every time, no variable of the trainer's environment, and no
+randomness from the kernel (getrandom is refused and there is no /dev/urandom). So run() gives the
+same output every time for a task that reads no clock and no address. `verify()` runs the task under
+each of SEEDS and accepts it only if the outputs are identical. That refuses, every time, output that
+shows string hashes, addresses (id(), default reprs: address randomisation stays on so that they
+differ), a sub-second clock, unseeded `random` or the operating system's randomness (an error in the
+jail), and output that depends on the order of a set of strings, unless both seeds order that set
+alike: about half the sets of two strings, a few in a hundred of three to five. It cannot catch what
+two runs show alike: a coin flip that both seeds call the same way, an order of objects by address
+(memory is laid out alike in both runs), a clock read to the hour or the day, or a task that differs
+only on some later run. What it accepts, run() gives again under SEEDS[0] (a clock aside), so an
+accepted task has one answer. `benchmarks/sandbox_determinism.py` counts what it accepts and refuses
+of each kind of task. Unsafe isolation pins the seeds alone.
 
 `isolation="unsafe"` runs the same runner without the jail, in a child process of the trainer's
 user: the audit hook and limits alone, which a task written to attack them gets past (native code
@@ -46,6 +62,9 @@ from selfplay.errors import UserError
 from selfplay.roles import bubblewrap
 
 ISOLATIONS = ("bubblewrap", "unsafe")
+# The seeds of a run: the interpreter's hash seed and `random`'s. run() pins the first, so that a run is
+# reproducible; verify() runs under each and refuses output that differs (see the module's docstring).
+SEEDS = (0, 1)
 # A longer repr of a function's result is an error: no solver needs to read that much.
 MAX_OUTPUT_CHARS = 100_000
 # What the parent reads from each pipe before it gives up on the child: the result line with every
@@ -109,7 +128,7 @@ for _which in ("RLIMIT_FSIZE", "RLIMIT_CORE", "RLIMIT_NPROC"):  # no bytes writt
 
 # The program the child runs. It imports only what it needs before the hook goes in, so that nothing
 # dangerous is loaded already when the task starts; it is a string because the child cannot import
-# this package (`-I -S` leaves site-packages off its path).
+# this package (`-S -s` leaves site-packages off its path).
 _RUNNER = (
     LIMITS_PRELUDE
     + r'''
@@ -119,6 +138,7 @@ import ast
 import importlib.machinery  # noqa: F401
 import json
 import os
+import random
 import threading  # noqa: F401
 import time
 from json.encoder import encode_basestring_ascii  # the C encoder: the task cannot patch it
@@ -302,6 +322,7 @@ def main():
     sys.dont_write_bytecode = True
     sys.pycache_prefix = workdir + "/.no-pycache"
     banned = frozenset(task["banned"])
+    random.seed(task["seed"])  # as the interpreter's hash seed is: pinned for this run
     builtins = dict(vars(__builtins__))
     builtins["__import__"] = make_import(report, banned)
     namespace = {"__builtins__": builtins, "__name__": "__task__"}
@@ -350,10 +371,11 @@ class Sandbox:
         self._runs = self._timed_runs = 0
         self._seconds = self._overhead = 0.0
 
-    def run(self, source: str, function: str, argument: str) -> SandboxResult:
+    def run(self, source: str, function: str, argument: str, seed: int = SEEDS[0]) -> SandboxResult:
         """Define `source` (Python code), call `function` on the value of `argument` (a Python literal,
         parsed with ast.literal_eval inside the sandbox; a tuple literal is NOT unpacked: the function
-        takes one argument), and return repr(result). Never raises for anything the code does."""
+        takes one argument), and return repr(result). `seed` is the interpreter's hash seed and
+        `random`'s. Never raises for anything the code does."""
         task = json.dumps(
             {
                 "source": source,
@@ -361,10 +383,11 @@ class Sandbox:
                 "argument": argument,
                 "banned": list(self.limits.banned_modules),
                 "max_output": MAX_OUTPUT_CHARS,
+                "seed": seed,
             }
         ).encode()
         started = time.perf_counter()
-        returncode, stdout, stderr, cut = self._execute(task)
+        returncode, stdout, stderr, cut = self._execute(task, seed)
         result, task_seconds = _result(returncode, stdout, stderr, cut, self.limits, jailed=self.jail is not None)
         elapsed = time.perf_counter() - started
         with self._lock:
@@ -376,14 +399,18 @@ class Sandbox:
         return result
 
     def verify(self, source: str, function: str, argument: str) -> SandboxResult:
-        """run() twice; ok only if both ran and their outputs agree (else error "output is not deterministic")."""
-        first = self.run(source, function, argument)
+        """run() under each of SEEDS; ok only if every run gave the same output, which is then what run()
+        gives (else the first failure, or the error "output is not deterministic")."""
+        first = self.run(source, function, argument, SEEDS[0])
         if not first.ok:
             return first
-        second = self.run(source, function, argument)
-        if second.ok and second.output != first.output:
-            return SandboxResult(False, error="output is not deterministic")
-        return second
+        for seed in SEEDS[1:]:
+            again = self.run(source, function, argument, seed)
+            if not again.ok:
+                return again
+            if again.output != first.output:
+                return SandboxResult(False, error="output is not deterministic")
+        return first
 
     def verify_many(self, tasks: Sequence[tuple[str, str, str]], workers: int = 16) -> list[SandboxResult]:
         """verify() for many (source, function, argument) tasks concurrently (a thread pool; each run is its
@@ -403,16 +430,17 @@ class Sandbox:
             metrics["sandbox/start_ms"] = 1e3 * overhead / timed
         return metrics
 
-    def _execute(self, task: bytes) -> tuple[int, bytes, bytes, str | None]:
+    def _execute(self, task: bytes, seed: int) -> tuple[int, bytes, bytes, str | None]:
         """Start the runner, jailed (or, unsafe, in a temporary working directory), and talk to it."""
         limits = self.limits.arguments()
         if self.jail is None:
             with tempfile.TemporaryDirectory(prefix="sandbox-", ignore_cleanup_errors=True) as workdir:
-                command = [sys.executable, "-I", "-S", "-c", _RUNNER, *limits]
-                return self._talk(command, task, cwd=workdir, env={"PATH": "/usr/bin:/bin"})
+                command = [sys.executable, *bubblewrap.PYTHON_FLAGS, "-c", _RUNNER, *limits]
+                environment = {"PATH": "/usr/bin:/bin", **bubblewrap.python_environment(seed)}
+                return self._talk(command, task, cwd=workdir, env=environment)
         seccomp_fd = bubblewrap.seccomp_descriptor(self.jail)
         try:
-            command = self.jail.command(_RUNNER, limits, seccomp_fd)
+            command = self.jail.command(_RUNNER, limits, seccomp_fd, seed)
             return self._talk(command, task, pass_fds=(seccomp_fd,), **bubblewrap.spawn_options(self.jail))
         finally:
             os.close(seccomp_fd)

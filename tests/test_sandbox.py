@@ -13,8 +13,9 @@ import uuid
 
 import pytest
 
+from benchmarks.sandbox_determinism import DETERMINISTIC, NONDETERMINISTIC, generate
 from selfplay.errors import UserError
-from selfplay.roles.sandbox import DEFAULT_LIMITS, Sandbox, SandboxLimits, SandboxResult
+from selfplay.roles.sandbox import DEFAULT_LIMITS, ISOLATIONS, SEEDS, Sandbox, SandboxLimits, SandboxResult
 
 UNBANNED = SandboxLimits(banned_modules=())  # to show what the audit hook alone stops
 
@@ -245,6 +246,36 @@ def test_ways_around_the_audit_hook_are_blocked(source, error):
 )
 def test_verify_rejects_nondeterministic_output(source):
     assert Sandbox().verify(source, "f", "0") == SandboxResult(False, error="output is not deterministic")
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_run_pins_the_hash_seed_and_randoms_seed(isolation):
+    sandbox = Sandbox(isolation=isolation)
+    source = "import random\ndef f(x):\n    return list(set(x)), hash(x[0]), random.random()"
+    argument = "['ab', 'cd', 'ef', 'gh']"
+    outputs = {sandbox.run(source, "f", argument).output for _ in range(3)}
+    assert len(outputs) == 1 and None not in outputs
+    assert sandbox.run(source, "f", argument, seed=SEEDS[1]).output not in outputs
+
+
+def test_verify_gives_a_task_one_verdict_and_run_its_accepted_output():
+    # Under SEEDS, the first set's two orders differ and the second's agree: refused and accepted, each every time.
+    sandbox = Sandbox()
+    verdicts = [
+        {sandbox.verify("def f(x):\n    return list(set(x))", "f", argument) for _ in range(3)}
+        for argument in ("['ab', 'cd']", "['a', 'b']")
+    ]
+    refused, accepted = SandboxResult(False, error="output is not deterministic"), SandboxResult(True, "['a', 'b']")
+    assert verdicts == [{refused}, {accepted}]
+    assert sandbox.run("def f(x):\n    return list(set(x))", "f", "['a', 'b']") == accepted
+
+
+def test_verify_accepts_every_deterministic_task_and_refuses_every_nondeterministic_one():
+    """A seeded sample of benchmarks/sandbox_determinism.py's classes that the check catches in full."""
+    tasks = generate(DETERMINISTIC, 2, seed=1) + generate(NONDETERMINISTIC, 3, seed=1)
+    results = Sandbox().verify_many([(source, "f", argument) for _, source, argument in tasks])
+    verdicts = [(name, source, result.ok) for (name, source, _), result in zip(tasks, results)]
+    assert verdicts == [(name, source, name in DETERMINISTIC) for name, source, _ in tasks]
 
 
 def test_verify_accepts_deterministic_output():
