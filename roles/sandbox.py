@@ -12,6 +12,10 @@ seccomp filter, and the unprivileged uid 65534 even when the trainer runs as roo
 - Kernel limits, set by the runner on itself before it reads the task: CPU time, address space and
   open descriptors as `SandboxLimits` says, and zero file size, core size and process count.
 - A wall-clock timeout, after which the jail is killed with every process in it.
+- Limits on what comes back, which hold where the trainer reads it: at most _MAX_PIPE_BYTES from
+  each pipe, an output of at most MAX_OUTPUT_CHARS characters and an error cut to MAX_ERROR_CHARS,
+  whatever the result line says (the task can write it itself). The runner keeps to them too,
+  counting on a plain copy of the text, whatever a str subclass's methods say.
 - Defence in depth, not the boundary (PEP 578 says audit hooks cannot be one): an audit hook the
   runner installs before the task is compiled, so that the first forbidden action ends the run with
   a specific error (a banned module, a file outside the working directory, a socket, a process, a
@@ -67,6 +71,8 @@ ISOLATIONS = ("bubblewrap", "unsafe")
 SEEDS = (0, 1)
 # A longer repr of a function's result is an error: no solver needs to read that much.
 MAX_OUTPUT_CHARS = 100_000
+# An error is a reason, not data: longer ones are cut.
+MAX_ERROR_CHARS = 300
 # What the parent reads from each pipe before it gives up on the child: the result line with every
 # character escaped (at most 12 bytes each), plus room for an interpreter error.
 _MAX_PIPE_BYTES = 12 * MAX_OUTPUT_CHARS + 4096
@@ -183,12 +189,30 @@ BLOCKED = {
 }
 
 
-def reporter(fd, started, write=os.write, exit=os._exit, quote=encode_basestring_ascii, clock=time.perf_counter):
+def reporter(
+    fd,
+    started,
+    limits,
+    write=os.write,
+    exit=os._exit,
+    quote=encode_basestring_ascii,
+    clock=time.perf_counter,
+    plain=str.__str__,
+    length=len,
+):
     """The one way the run ends: a JSON line on the result pipe, with the seconds since the task started
-    (`started[0]`), then exit without running any of the task's cleanup. Bound to builtin functions now,
-    so the task cannot patch it."""
+    (`started[0]`), then exit without running any of the task's cleanup. An output longer than
+    `limits[0]` characters becomes an error, and an error is cut to `limits[1]`, as counted on a plain
+    str copy of the text, so that a str subclass's own __len__, __getitem__ or __str__ decides nothing.
+    Bound to builtin functions now, so the task cannot patch it; the parent checks the limits again."""
+    max_output, max_error = limits
 
     def report(ok, text):
+        text = plain(text)
+        if ok and length(text) > max_output:
+            ok, text = False, f"output too long ({length(text)} characters)"
+        if not ok and length(text) > max_error:
+            text = text[: max_error - 3] + "..."
         key = "output" if ok else "error"
         seconds = clock() - started[0] if started[0] else 0.0
         verdict = "true" if ok else "false"
@@ -297,23 +321,23 @@ def make_import(report, banned, real_import=__import__, isinstance_=isinstance, 
 
 
 def describe(err):
-    if isinstance(err, MemoryError):
-        return "memory limit"
-    if isinstance(err, OSError) and err.errno in (27, 30):  # EFBIG (RLIMIT_FSIZE 0; SIGXFSZ is ignored), EROFS
-        return "blocked: writing files"
-    if isinstance(err, SyntaxError):
-        return f"{type(err).__name__}: {err.msg} (line {err.lineno})"
+    """The task's exception in a line, as long as it makes it: report() cuts it."""
     try:  # the task's own exception may fail to print
-        text = f"{type(err).__name__}: {err}"
+        if isinstance(err, MemoryError):
+            return "memory limit"
+        if isinstance(err, OSError) and err.errno in (27, 30):  # EFBIG (RLIMIT_FSIZE 0; SIGXFSZ is ignored), EROFS
+            return "blocked: writing files"
+        if isinstance(err, SyntaxError):
+            return f"{type(err).__name__}: {err.msg} (line {err.lineno})"
+        return f"{type(err).__name__}: {err}"
     except BaseException:
-        text = type(err).__name__
-    return text if len(text) <= 300 else text[:297] + "..."
+        return type(err).__name__
 
 
 def main():
     task = json.loads(sys.stdin.buffer.read())
     started = [0.0]
-    report = reporter(os.dup(1), started)
+    report = reporter(os.dup(1), started, task["limits"])
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):  # the task's prints and stray writes go nowhere; the result has its own pipe
         os.dup2(devnull, fd)
@@ -346,8 +370,6 @@ def main():
         del reserve
         namespace.clear()
         report(False, describe(err))
-    if len(output) > task["max_output"]:
-        report(False, f"output too long ({len(output)} characters)")
     report(True, output)
 
 
@@ -382,7 +404,7 @@ class Sandbox:
                 "function": function,
                 "argument": argument,
                 "banned": list(self.limits.banned_modules),
-                "max_output": MAX_OUTPUT_CHARS,
+                "limits": [MAX_OUTPUT_CHARS, MAX_ERROR_CHARS],
                 "seed": seed,
             }
         ).encode()
@@ -393,7 +415,7 @@ class Sandbox:
         with self._lock:
             self._runs += 1
             self._seconds += elapsed
-            if task_seconds is not None:
+            if task_seconds is not None and 0.0 <= task_seconds <= elapsed:  # the task can forge its time too
                 self._timed_runs += 1
                 self._overhead += max(0.0, elapsed - task_seconds)
         return result
@@ -522,17 +544,25 @@ def _result(
         return SandboxResult(False, error=_signal_error(signalled)), None
     try:
         record = json.loads(stdout.splitlines()[-1])
-    except (IndexError, ValueError):
+    except (IndexError, ValueError, RecursionError):  # no line, or one the task wrote to be unreadable
         record = None
     if isinstance(record, dict) and returncode == 0:
         seconds = record.get("seconds") if isinstance(record.get("seconds"), float) else None
-        if record.get("ok") is True and isinstance(record.get("output"), str):
-            return SandboxResult(True, output=record["output"]), seconds
-        if record.get("ok") is False and isinstance(record.get("error"), str):
-            return SandboxResult(False, error=record["error"]), seconds
+        output, error = record.get("output"), record.get("error")
+        # The runner keeps to the limits, but the task can write this line itself: they hold on what was read.
+        if record.get("ok") is True and isinstance(output, str):
+            if len(output) > MAX_OUTPUT_CHARS:
+                return SandboxResult(False, error=f"output too long ({len(output)} characters)"), seconds
+            return SandboxResult(True, output=output), seconds
+        if record.get("ok") is False and isinstance(error, str):
+            return SandboxResult(False, error=_clipped(error)), seconds
     detail = stderr.decode(errors="replace").strip().splitlines()[-1:]
     error = ": ".join([f"no result from the sandbox (exit status {returncode})", *detail])
-    return SandboxResult(False, error=error), None
+    return SandboxResult(False, error=_clipped(error)), None
+
+
+def _clipped(error: str) -> str:
+    return error if len(error) <= MAX_ERROR_CHARS else error[: MAX_ERROR_CHARS - 3] + "..."
 
 
 def _signal_error(number: int) -> str:

@@ -72,6 +72,65 @@ def test_reports_what_went_wrong(source, argument, error):
     assert run(source, argument) == SandboxResult(False, error=error)
 
 
+# A str whose own methods lie about it: empty to len(), and short when sliced, printed or encoded.
+LYING_STR = """
+class Lying(str):
+    __len__ = lambda self: 0
+    __getitem__ = lambda self, index: ''
+    __str__ = __repr__ = __format__ = lambda self, *spec: 'short'
+    encode = lambda self, *args: b'short'
+    __iter__ = lambda self: iter(())
+"""
+
+
+@pytest.mark.parametrize(
+    "source, error",
+    [
+        (
+            LYING_STR + "class R:\n    __repr__ = lambda self: Lying('x' * 1_190_000)\ndef f(x):\n    return R()",
+            "output too long (1190000 characters)",
+        ),
+        ("def f(x):\n    raise SyntaxError('x' * 10**6)", "SyntaxError: " + "x" * 284 + "..."),
+        (
+            LYING_STR + "class E(Exception):\n    __str__ = lambda self: self.args[0]\n"
+            "def f(x):\n    raise E(Lying('x' * 10**6))",
+            "E: " + "x" * 294 + "...",
+        ),
+    ],
+)
+def test_the_limits_hold_on_the_text_itself_whatever_its_type_says(source, error):
+    assert run(source) == SandboxResult(False, error=error)
+
+
+# Writes the line x[0] + x[1] * x[2] + x[3] to every descriptor the result pipe could be, and exits
+# as the runner does: the limits must hold on what the parent reads, whoever wrote it.
+FORGER = (
+    GADGET
+    + """
+def f(x):
+    for fd in range(3, 10):
+        try:
+            OS['write'](fd, (x[0] + x[1] * x[2] + x[3]).encode())
+        except OSError:
+            pass
+    OS['_exit'](0)
+"""
+)
+
+
+@pytest.mark.parametrize(
+    "line, error",
+    [
+        (('{"ok": true, "output": "', "x", 200_000, '"}\n'), "output too long (200000 characters)"),
+        (('{"ok": true, "output": "', "x", 10**7, '"}\n'), "output too long"),
+        (('{"ok": false, "error": "', "x", 200_000, '"}\n'), "x" * 297 + "..."),
+        (("", "[", 100_000, "\n"), "no result from the sandbox (exit status 0)"),
+    ],
+)
+def test_the_parent_holds_the_limits_on_a_result_line_the_task_forged(line, error):
+    assert run(FORGER, repr(line)) == SandboxResult(False, error=error)
+
+
 def test_an_infinite_loop_hits_the_cpu_limit():
     # A generous wall clock, so that the CPU limit is what ends it even on a busy machine.
     start = time.monotonic()
