@@ -14,22 +14,29 @@ runs as root; otherwise under the trainer's own uid, which the namespaces keep f
 of the trainer's. No capability, no /proc, no network, and `--die-with-parent` plus the PID
 namespace end every process the task could leave behind.
 
-The root is a tree of hard links (copies across filesystems) built once per process in the
-temporary directory and removed at exit; `bwrap` is run as the uid that needs to read it.
+The root is built once per process in the temporary directory and holds only files that everyone
+may read: hard links to them or, across filesystems, copies that allow no more than the originals.
+Its owner removes it when it exits or is sent SIGTERM (where another handler has SIGTERM, the exit
+that handler makes), and holds a lock on it while it lives, so that the next process to build a
+root removes those whose owners were killed. `bwrap` is run as the uid that needs to read it.
 """
 
 from __future__ import annotations
 
 import atexit
 import errno
+import fcntl
 import functools
 import os
 import re
 import shutil
+import signal
+import stat
 import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +44,7 @@ from selfplay.errors import UserError
 
 NOBODY = 65534
 WORKDIR = "/work"
+STAGING_PREFIX = "selfplay-jail-"  # the jail roots' staging trees in the temporary directory
 INSTALL_HINT = (
     "Model-written code runs only inside an operating-system sandbox, bubblewrap: install it "
     "(Debian/Ubuntu: `apt-get install bubblewrap`; Fedora: `dnf install bubblewrap`), or, on a machine "
@@ -134,8 +142,8 @@ def _build_root(banned_modules: frozenset[str]) -> tuple[Path, set[Path]]:
     """The jail's / : the interpreter, the shared libraries it and its extension modules load,
     and the allowed standard library, each at its own absolute path. Returns it and those
     libraries' paths."""
-    staging = Path(tempfile.mkdtemp(prefix="selfplay-jail-"))
-    atexit.register(shutil.rmtree, staging, True)
+    _remove_trees_of_killed_owners()
+    staging = _owned_staging()
     root = staging / "root"
     excluded = (_UNNEEDED | set(banned_modules)) - _RUNNER_MODULES
     stdlib = Path(sysconfig.get_paths()["stdlib"]).resolve()
@@ -154,10 +162,9 @@ def _build_root(banned_modules: frozenset[str]) -> tuple[Path, set[Path]]:
                 continue
             _place(root, path)
     python = Path(_real_executable())
-    _place(root, python)
     libraries = _shared_libraries([python, *extensions])
-    for library in libraries:
-        _place(root, library)
+    for needed in [python, *libraries]:
+        _place(root, needed, needed=True)
     (root / "dev").mkdir(exist_ok=True)
     (root / "dev" / "null").touch()
     (root / WORKDIR.lstrip("/")).mkdir()
@@ -166,21 +173,87 @@ def _build_root(banned_modules: frozenset[str]) -> tuple[Path, set[Path]]:
     return root, libraries
 
 
-def _place(root: Path, source: Path) -> None:
-    """Put the file `source` names at that absolute path under `root`: a hard link where the
-    filesystem allows and the file is readable by everyone, else a copy that is."""
+def _place(root: Path, source: Path, needed: bool = False) -> None:
+    """Put the file `source` names at that absolute path under `root`, if everyone may read it (the
+    tree is open to everyone, and the jail's uid is nobody's): a hard link where the filesystem
+    allows, else a copy that allows no more than the original. A `needed` file that not everyone
+    may read is an error."""
     target = root / str(source).lstrip("/")
     if target.exists():
         return
-    target.parent.mkdir(parents=True, exist_ok=True)
     real = os.path.realpath(source)
+    mode = os.stat(real).st_mode
+    if not mode & stat.S_IROTH:
+        if needed:
+            raise UserError(
+                f"The sandbox's jail holds only files that everyone may read, and {real}, which Python "
+                f"needs in it, is not one: make it readable (`chmod o+r {real}`) or use a Python whose files are."
+            )
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
     try:
-        if not os.stat(real).st_mode & 0o004:
-            raise PermissionError(errno.EPERM, "not readable by everyone")
         os.link(real, target)
-    except OSError:
+    except OSError:  # another filesystem
         shutil.copyfile(real, target)
-        target.chmod(0o755 if os.access(real, os.X_OK) else 0o644)
+        target.chmod(stat.S_IMODE(mode) & 0o755)  # nothing the original does not allow, and no set-id bits
+
+
+# The staging trees this process built: it removes them as it ends. A forked child removes none.
+_built_trees: list[Path] = []
+os.register_at_fork(after_in_child=_built_trees.clear)
+
+
+def _owned_staging() -> Path:
+    """A new staging tree, empty but for its root folder, that this process holds a lock on until it
+    ends, however it ends (the kernel drops the lock), and removes at exit or SIGTERM."""
+    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX))
+    lock = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # held open for the process's life
+    fcntl.flock(lock, fcntl.LOCK_EX)  # may wait for a sweep looking at it, which leaves a rootless tree be
+    (staging / "root").mkdir()
+    _remove_as_the_process_ends()
+    _built_trees.append(staging)
+    return staging
+
+
+def _remove_trees_of_killed_owners() -> None:
+    """Remove this user's staging trees whose owner died without removing them (killed): those with a
+    root folder, which their owner made while holding the lock that no one holds now."""
+    for staging in Path(tempfile.gettempdir()).glob(STAGING_PREFIX + "*"):
+        try:
+            fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:  # not a directory, not ours to read, or gone already
+            continue
+        try:
+            if os.fstat(fd).st_uid == os.geteuid():
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if (staging / "root").is_dir():
+                    shutil.rmtree(staging, ignore_errors=True)
+        except BlockingIOError:  # its owner is alive
+            pass
+        finally:
+            os.close(fd)
+
+
+def _remove_built_trees() -> None:
+    for staging in _built_trees:
+        shutil.rmtree(staging, ignore_errors=True)
+    _built_trees.clear()
+
+
+@functools.cache
+def _remove_as_the_process_ends() -> None:
+    """Remove the built trees at exit, and on SIGTERM where its default (ending the process without
+    running atexit) is in force and this thread may change it; another handler ends the process
+    through its own exit, or leaves the trees to the next build's sweep."""
+    atexit.register(_remove_built_trees)
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _remove_built_trees_and_end)
+
+
+def _remove_built_trees_and_end(signum: int, frame) -> None:
+    _remove_built_trees()
+    signal.signal(signum, signal.SIG_DFL)
+    signal.raise_signal(signum)  # end as the default would have
 
 
 _LDD_LINE = re.compile(r"(?:=>\s*)?(/\S+)\s+\(0x[0-9a-f]+\)")

@@ -3,23 +3,30 @@ and jail), and as a bare program in the jail with every standard-library module,
 and no audit hook, the way code that gets past the hook would run. Whatever each attempt reports,
 what is checked is the machine outside: the marker files it aims at are absent, the trainer's
 open file and a bystander process are untouched, nothing connected to the trainer's socket, and
-no process of the attempt outlives it."""
+no process of the attempt outlives it. Last, the jail's own mark on the machine: the staging tree of
+its root goes however its owner ends, and exposes no file that not everyone could read."""
 
 from __future__ import annotations
 
 import ast
+import errno
 import os
+import re
+import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
+from selfplay.errors import UserError
 from selfplay.roles import bubblewrap
 from selfplay.roles.sandbox import LIMITS_PRELUDE, Sandbox, SandboxLimits, SandboxResult
 
@@ -325,3 +332,79 @@ def test_the_jailed_process_is_unprivileged_outside_the_jail_too():
 
 def test_the_sandbox_still_computes():
     assert Sandbox(LIMITS).run("def f(x):\n    return sum(x)", "f", "[1, 2, 3]") == SandboxResult(True, "6")
+
+
+# A trainer, as far as the jail's staging tree goes: it builds the jail, says where the tree is, and
+# lives for argv[1] seconds.
+OWNER = """
+import sys, time
+from selfplay.roles import bubblewrap
+print(bubblewrap.jail(frozenset()).root.parent, flush=True)
+time.sleep(float(sys.argv[1]))
+"""
+
+
+@pytest.fixture
+def temporary():
+    """A temporary directory for OWNERs alone, where the jail's uid can reach it: beside the one the
+    jails of this process are built in (pytest's tmp_path is behind a folder only its owner may enter)."""
+    path = Path(tempfile.mkdtemp(prefix="staging-test-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+def start_owner(temporary: Path, seconds: float = 60) -> tuple[subprocess.Popen, Path]:
+    """An OWNER whose temporary directory is `temporary`, and its staging tree once built."""
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, str(seconds)],
+        env={**os.environ, "TMPDIR": str(temporary)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    with owner.stdout:
+        return owner, Path(owner.stdout.readline().strip())
+
+
+def test_the_next_build_removes_the_staging_tree_of_a_killed_owner_and_not_a_live_ones(temporary):
+    live, live_tree = start_owner(temporary)
+    killed, killed_tree = start_owner(temporary)
+    try:
+        killed.kill()
+        killed.wait()
+        assert killed_tree.is_dir(), "SIGKILL gives no chance to clean up"
+        finished, _ = start_owner(temporary, seconds=0)
+        assert finished.wait() == 0
+        assert list(temporary.iterdir()) == [live_tree]
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_sigterm_removes_the_owners_staging_tree_and_ends_it_as_sigterm_does(temporary):
+    owner, tree = start_owner(temporary)
+    assert tree.is_dir()
+    owner.terminate()
+    assert owner.wait() == -signal.SIGTERM
+    assert list(temporary.iterdir()) == []
+
+
+def test_the_jails_tree_takes_only_files_everyone_may_read_and_copies_allow_no_more(tmp_path, monkeypatch):
+    modes = {"private.py": 0o600, "setuid": 0o4775, "plain.py": 0o644}
+    (tmp_path / "install").mkdir()
+    for name, mode in modes.items():
+        (tmp_path / "install" / name).write_text("x")
+        (tmp_path / "install" / name).chmod(mode)
+
+    def across_filesystems(source, target):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", across_filesystems)
+    root = tmp_path / "root"
+    for name in modes:
+        bubblewrap._place(root, tmp_path / "install" / name)
+    placed = {path.name: stat.S_IMODE(path.stat().st_mode) for path in root.rglob("*") if path.is_file()}
+    assert placed == {"setuid": 0o755, "plain.py": 0o644}
+    private = os.path.realpath(tmp_path / "install" / "private.py")
+    with pytest.raises(UserError, match=re.escape(f"`chmod o+r {private}`")):
+        bubblewrap._place(root, tmp_path / "install" / "private.py", needed=True)
