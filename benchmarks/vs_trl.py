@@ -115,6 +115,7 @@ def run_selfplay(args) -> Figures:
             figures.learn_s.append(metrics["time/learn_s"])
             figures.sampled_tokens.append(round(metrics["turns/response_tokens"] * args.prompts * args.samples))
             figures.rewards.append(metrics["reward/mean"])
+        trainer.close()
     figures.peak_rss_mib = peak_rss_mib()
     return figures
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from selfplay.files import append_text, replace_text
 
 
 @dataclass(frozen=True)
@@ -31,17 +32,9 @@ def _line(evaluation: Evaluation) -> str:
     return json.dumps(record, allow_nan=True) + "\n"
 
 
-def _write(path: Path, text: str, mode: str) -> None:
-    """`text` written to `path` (appended with mode "a"), on disk before this returns."""
-    with path.open(mode, encoding="utf-8") as log:
-        log.write(text)
-        log.flush()
-        os.fsync(log.fileno())
-
-
 def append_evaluation(path: Path, evaluation: Evaluation) -> None:
     """Add `evaluation` to the log at `path`."""
-    _write(path, _line(evaluation), "a")
+    append_text(path, _line(evaluation), "the evaluation log")
 
 
 def read_evaluations(path: Path) -> list[Evaluation]:
@@ -70,9 +63,7 @@ def keep_evaluations_up_to(path: Path, step: int) -> None:
     checkpoint evaluates those steps again."""
     if not path.exists():
         return
-    temporary = path.with_name(path.name + ".partial")
-    _write(temporary, "".join(_line(e) for e in read_evaluations(path) if e.step <= step), "w")
-    temporary.replace(path)
+    replace_text(path, "".join(_line(e) for e in read_evaluations(path) if e.step <= step), "the evaluation log")
 
 
 # -- the table ------------------------------------------------------------------------------------

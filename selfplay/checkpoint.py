@@ -37,6 +37,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from selfplay.errors import UserError
+from selfplay.files import WRITE_FAILURES, WriteError, write_failure
 from selfplay.run_dir import RunDir
 
 STATE_FILE = "trainer_state.json"
@@ -61,7 +62,7 @@ def save_checkpoint(
 ) -> Path:
     """Write the checkpoint of `step`: `learner` and the trainer `state`, and each exploiter's
     (learner, state) by name. Then delete all but the newest `keep`. A write that fails raises
-    UserError and leaves the checkpoints as they were."""
+    WriteError and leaves the checkpoints as they were."""
     root = RunDir(run_dir).checkpoints
     root.mkdir(parents=True, exist_ok=True)
     for leftover in root.glob(f".{PREFIX}*"):  # of a save or a deletion that a crash cut short
@@ -74,14 +75,9 @@ def save_checkpoint(
             _write(scratch / EXPLOITERS_DIR / name, step, exploiter, exploiter_state)
         _write(scratch, step, learner, state)
         _fsync_tree(scratch)
-    except (OSError, SafetensorError) as err:
+    except (*WRITE_FAILURES, WriteError) as err:
         shutil.rmtree(scratch, ignore_errors=True)
-        raise UserError(
-            f"Could not write the checkpoint '{final}': {err} (the disk holding it has "
-            f"{shutil.disk_usage(root).free / 2**30:.2f} GiB free). The run stopped; the partial checkpoint was "
-            "removed and the earlier ones are intact. Free space on that disk (or lower keep_checkpoints), then "
-            f"continue with `selfplay train --resume {run_dir}`."
-        ) from None
+        raise write_failure("the checkpoint", final, err) from None
     if final.exists():  # a re-run of a step after a resume
         _discard(final)
     scratch.rename(final)

@@ -74,6 +74,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     overrides = [word for word in (args.config, *args.overrides) if word is not None]
     config = overrides.pop(0) if overrides and "=" not in overrides[0] else None  # else only overrides
+    if config is not None and args.resume is not None:
+        raise UserError(
+            f"--resume {args.resume} continues that run with its own config ({RunDir(args.resume).config}); a "
+            f"config file ('{config}') cannot be given beside it. Change settings with overrides (`selfplay train "
+            f"--resume {args.resume} steps=80`), which are saved to the run's config, or train '{config}' as a new "
+            "run in another run_dir."
+        )
     recipe = find_yaml(config, "recipe") if config is not None else None
     metrics = train_command(recipe, overrides, args.resume, progress=not args.no_progress)
     if not any(name.startswith("eval/") for name in metrics):  # else the run ended with its evaluation table
@@ -266,7 +273,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "overrides", nargs="*", help="dotted overrides, e.g. steps=20 learner.lr=1e-5 rollout.games_per_step=32"
     )
-    train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    train.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue a run from its last checkpoint, with its own config; overrides given with it change that "
+        "config for good (each change is listed in RUN_DIR/config_history.jsonl)",
+    )
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     train.set_defaults(run=_cmd_train)
 

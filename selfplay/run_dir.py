@@ -2,7 +2,9 @@
 for each part of selfplay that writes or reads it.
 
     RUN_DIR/
+      run.lock                                   held by the process training the run (`RunLock`)
       config.yaml                                the run's whole config (a resumed run reads it back)
+      config_history.jsonl                       each change a resume made to it, with the step
       checkpoints/step-NNNNNN/                   the checkpoints (their contents: `selfplay.checkpoint`)
       league.sqlite                              the league's store, beside SQLite's -wal and -shm files
       league/snapshots/PLAYER@STEP.safetensors   the weights of the league's frozen snapshots
@@ -14,6 +16,8 @@ for each part of selfplay that writes or reads it.
 
 from __future__ import annotations
 
+import fcntl
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +36,14 @@ class RunDir:
     @property
     def config(self) -> Path:
         return self.path / "config.yaml"
+
+    @property
+    def config_history(self) -> Path:
+        return self.path / "config_history.jsonl"
+
+    @property
+    def lock_file(self) -> Path:
+        return self.path / "run.lock"
 
     def saved_config(self) -> Path:
         """The run's config file; raises UserError if it has none (`path` is no run directory)."""
@@ -79,3 +91,57 @@ class RunDir:
             if cls(path).snapshot(weights.stem) == weights:
                 return cls(path)
         return None
+
+
+class RunLock:
+    """The exclusive right of one process to write a run directory: an OS lock (flock) on its
+    `run.lock`, which names the holder's PID. The kernel drops the lock when the holder dies,
+    kill -9 included, so no stale lock is ever left to clear; a lock file left by a killed run
+    is simply taken over. `release` removes the file, and the directory too when the lock made
+    it and nothing else was written there (a run that could not start leaves nothing)."""
+
+    def __init__(self, run_dir: str | Path):
+        files = RunDir(run_dir)
+        self.path = files.lock_file
+        # The directories the lock makes, innermost first: removed again if they stay empty.
+        self.made = [d for d in [files.path, *files.path.parents] if not d.exists()]
+        try:
+            files.path.mkdir(parents=True, exist_ok=True)
+            self._fd = self._acquire()
+        except OSError as err:
+            raise UserError(
+                f"Cannot make the run directory '{files.path}' or lock it: {err.strerror}. Choose another run_dir."
+            ) from None
+
+    def _acquire(self) -> int:
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 64).decode(errors="replace").strip()
+                os.close(fd)
+                raise UserError(
+                    f"The run directory '{self.path.parent}' is in use by another selfplay process"
+                    f"{f' (PID {holder})' if holder.isdigit() else ''}: two runs writing one directory would "
+                    "mix their weights and configs. Wait for it to end (or stop it), or choose another run_dir."
+                ) from None
+            # A holder that released its lock unlinked the file it held: a lock taken on that
+            # file meanwhile guards nothing, so take the one now at the path.
+            if os.path.exists(self.path) and os.path.samestat(os.fstat(fd), os.stat(self.path)):
+                os.ftruncate(fd, 0)
+                os.write(fd, f"{os.getpid()}\n".encode())
+                return fd
+            os.close(fd)
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        self.path.unlink(missing_ok=True)  # while still held: see `_acquire`
+        os.close(self._fd)
+        self._fd = None
+        for directory in self.made:
+            try:
+                directory.rmdir()  # only if empty
+            except OSError:
+                break

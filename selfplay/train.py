@@ -16,6 +16,8 @@ state), so a run resumed after a crash replays the steps it lost exactly as they
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import json
 import math
 import sys
 import time
@@ -58,6 +60,7 @@ from selfplay.evaluation.training_curve import (
     plot_learning_curve,
     read_evaluations,
 )
+from selfplay.files import WriteError, append_text, is_disk_full, replace_text, write_failure
 from selfplay.games import make_game
 from selfplay.games.registry import is_cooperative
 from selfplay.league.manager import League, initial_players, roles_of
@@ -68,7 +71,7 @@ from selfplay.learner import Learner, NonFiniteUpdate, Sample
 from selfplay.records import Trajectory
 from selfplay.roles.base import advantage_key
 from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
-from selfplay.run_dir import RunDir
+from selfplay.run_dir import RunDir, RunLock
 from selfplay.scoring import pick_device, warn_if_bf16_emulated
 
 # Steps in a row in which every answer was invalid before a run warns that it has collapsed.
@@ -212,6 +215,20 @@ class Trainer:
         self.eval_pairings = eval_pairings(config) if config.eval.every else {}
         self.run_dir = Path(config.run_dir)
         self.progress = progress
+        # Held until `close`: no other process may train, resume or prune this run meanwhile.
+        self.run_lock = RunLock(self.run_dir)
+        try:
+            self._open(resume)
+        except BaseException as err:
+            self.run_lock.release()
+            if failed_write(err):
+                raise run_stopped_by(err, self.run_dir, getattr(self, "step", 0)) from None
+            raise
+
+    def _open(self, resume: bool) -> None:
+        """Load the run's models, league and logs: a new run's, or a resumed run's as its latest
+        checkpoint left them."""
+        config = self.config
         checkpoint = None
         if resume:
             checkpoint = latest_checkpoint(self.run_dir)
@@ -246,6 +263,7 @@ class Trainer:
         if checkpoint is None:  # once the model has loaded: a run that cannot start leaves no directory
             start_run_dir(self.run_dir, config)
         else:
+            report_resumed_config(self.run_dir, config, self.step)
             keep_evaluations_up_to(RunDir(self.run_dir).eval_log, self.step)
         warn_if_bf16_emulated(
             {  # a backend that does not say its device (vLLM) is not checked
@@ -469,16 +487,26 @@ class Trainer:
                 final = self.evaluate()  # the policy the run ends with
                 self._log(final)
                 metrics.update(final)
+        except BaseException as err:
+            if failed_write(err):
+                raise run_stopped_by(err, self.run_dir, self.step) from None
+            raise
         finally:
             bar.close()
-            self.writer.close()
-            for backend in [*(p.backend for p in self.players.values()), *self.frozen.values()]:
-                backend.close()
-            self.league.close()
-            self._stop_workers()
+            self.close()
         if evaluating:
             self._report_evaluations()
         return metrics
+
+    def close(self) -> None:
+        """Release what the run holds: its logs, backends, league store, workers and, last, the
+        run directory's lock."""
+        self.writer.close()
+        for backend in [*(p.backend for p in self.players.values()), *self.frozen.values()]:
+            backend.close()
+        self.league.close()
+        self._stop_workers()
+        self.run_lock.release()
 
     def _report_evaluations(self) -> None:
         """Print the table of the run's first and last evaluations (before and after training),
@@ -690,11 +718,62 @@ def start_run_dir(run_dir: Path, config: TrainConfig) -> None:
     files = RunDir(run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        for stale in [*files.league_store_files(), files.eval_log, files.learning_curve]:
+        for stale in [*files.league_store_files(), files.eval_log, files.learning_curve, files.config_history]:
             stale.unlink(missing_ok=True)
-        files.config.write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
+        replace_text(files.config, yaml.safe_dump(config_to_dict(config), sort_keys=False), "the run's config")
     except OSError as err:
         raise UserError(f"Cannot make the run directory '{run_dir}': {err.strerror}. Choose another run_dir.") from None
+
+
+def failed_write(err: BaseException) -> bool:
+    """Whether `err` is a file of the run that could not be written: a WriteError, or a full
+    disk wherever it struck (TensorBoard's log, the league's store)."""
+    return isinstance(err, WriteError) or is_disk_full(err)
+
+
+def run_stopped_by(err: BaseException, run_dir: Path, step: int) -> UserError:
+    """The message of a run that a failed write stopped at `step`."""
+    failure = err if isinstance(err, WriteError) else write_failure("the run's files", run_dir, err)
+    return UserError(
+        f"{failure} The run stopped at step {step}; nothing half-written was left and its saved checkpoints are "
+        f"whole. Free space on that disk (or lower keep_checkpoints), then continue with `selfplay train --resume "
+        f"{run_dir}`."
+    )
+
+
+def report_resumed_config(run_dir: Path, config: TrainConfig, step: int) -> None:
+    """Say which config a resumed run goes on with. Settings its overrides changed are written
+    back to the run's config, which the next resume reads, and each change is appended, with the
+    step it took effect after, to the run's config history."""
+    files = RunDir(run_dir)
+    saved, now = _settings(load_config(files.saved_config())), _settings(config)
+    # run_dir is where the run is found now, not a setting: a moved run is the same run.
+    changes = {key: [saved[key], value] for key, value in now.items() if saved[key] != value and key != "run_dir"}
+    if not changes:
+        print(f"Resuming '{run_dir}' at step {step} with its config ({files.config}).", file=sys.stderr)
+        return
+    now_time = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    record = {"step": step, "time": now_time, "changes": changes}
+    append_text(files.config_history, json.dumps(record, default=str) + "\n", "the run's config history")
+    replace_text(files.config, yaml.safe_dump(config_to_dict(config), sort_keys=False), "the run's config")
+    shown = "; ".join(f"{key}: {before!r} -> {after!r}" for key, (before, after) in changes.items())
+    print(
+        f"Resuming '{run_dir}' at step {step} with its config, changed by this resume: {shown}. Saved to "
+        f"{files.config}, so that later resumes keep it; {files.config_history} lists every change.",
+        file=sys.stderr,
+    )
+
+
+def _settings(section, prefix: str = "") -> dict:
+    """Every setting of a config (section) by its dotted key, as overrides name it ("learner.lr")."""
+    settings = {}
+    for setting in dataclasses.fields(section):
+        value = getattr(section, setting.name)
+        if dataclasses.is_dataclass(value):
+            settings.update(_settings(value, f"{prefix}{setting.name}."))
+        else:
+            settings[f"{prefix}{setting.name}"] = value
+    return settings
 
 
 def collapse_warning(step: int, run_dir: Path) -> str:

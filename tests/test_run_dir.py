@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from selfplay.errors import UserError
-from selfplay.run_dir import RunDir
+from selfplay.run_dir import RunDir, RunLock
 
 
 def test_the_layout_of_a_run_directory():
@@ -39,3 +43,42 @@ def test_a_directory_without_a_config_is_no_run_directory(tmp_path):
         RunDir(tmp_path).saved_config()
     RunDir(tmp_path).config.write_text("steps: 1\n")
     assert RunDir(tmp_path).saved_config() == tmp_path / "config.yaml"
+
+
+def hold_lock_in_another_process(run_dir: Path) -> subprocess.Popen:
+    """A process that takes the run directory's lock and waits; returned once it holds it."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom selfplay.run_dir import RunLock\n"
+         "RunLock(sys.argv[1]); print('held', flush=True); time.sleep(600)", str(run_dir)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    assert holder.stdout.readline() == "held\n"
+    return holder
+
+
+def test_a_run_directory_is_locked_by_one_process_and_freed_by_its_death_even_by_kill_9(tmp_path):
+    run_dir = tmp_path / "run"
+    holder = hold_lock_in_another_process(run_dir)
+    try:
+        with pytest.raises(UserError, match=rf"in use by another selfplay process \(PID {holder.pid}\)"):
+            RunLock(run_dir)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert RunDir(run_dir).lock_file.exists()  # left by the kill, and no obstacle
+    lock = RunLock(run_dir)
+    assert RunDir(run_dir).lock_file.read_text() == f"{os.getpid()}\n"
+    with pytest.raises(UserError, match=rf"PID {os.getpid()}"):  # a second lock in one process too
+        RunLock(run_dir)
+    lock.release()
+    assert not RunDir(run_dir).lock_file.exists() and run_dir.is_dir()  # it made nothing else, but found it
+
+
+def test_a_lock_that_made_the_run_directory_removes_it_again_when_nothing_was_written(tmp_path):
+    RunLock(tmp_path / "a" / "b" / "run").release()
+    assert list(tmp_path.iterdir()) == []
+    lock = RunLock(tmp_path / "run")
+    (tmp_path / "run" / "config.yaml").write_text("steps: 1\n")
+    lock.release()
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["config.yaml"]

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import safetensors.torch
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
@@ -221,7 +222,7 @@ def test_a_new_run_may_reuse_the_directory_of_one_that_stopped_before_its_first_
     run_dir = tmp_path / "run"
     common = [*TINY, "steps=1", f"model={tiny_model_dir}", f"run_dir={run_dir}"]
     trainer = Trainer(load_config(None, common), progress=False)
-    trainer.writer.close()  # stopped (killed, or a non-finite update) before any step was saved
+    trainer.close()  # stopped (killed, or a non-finite update) before any step was saved
     assert RunDir(run_dir).config.exists() and not list_checkpoints(run_dir)
     Trainer(load_config(None, [*common, "seed=1"]), progress=False).run()
     assert load_config(RunDir(run_dir).config).seed == 1
@@ -232,18 +233,17 @@ def test_a_new_league_run_in_the_directory_of_one_that_saved_nothing_starts_its_
     run_dir = tmp_path / "run"
     common = [*TINY, "league.enabled=true", f"model={tiny_model_dir}", f"run_dir={run_dir}"]
     stopped = Trainer(load_config(None, [*common, "league.scripted=[random]"]), progress=False)
-    stopped.writer.close()
-    stopped.league.store.close()
+    stopped.close()
     assert "random" in stopped.league.players and not list_checkpoints(run_dir)
     trainer = Trainer(load_config(None, [*common, "league.scripted=[mcts:5]"]), progress=False)
     assert "mcts:5" in trainer.league.players and "random" not in trainer.league.players
-    trainer.writer.close()
-    trainer.league.store.close()
+    trainer.close()
 
 
-def test_a_killed_run_resumes_from_its_last_checkpoint(tiny_model_dir, tmp_path):
+def test_a_killed_run_resumes_from_its_last_checkpoint(tiny_model_dir, tmp_path, capsys):
     """kill -9 in the middle of a run: the resumed run starts after the last complete
-    checkpoint, finishes, and has logged every step exactly once."""
+    checkpoint, finishes, and has logged every step exactly once. While the run was alive, its
+    lock kept every other run out of its directory; its death freed it."""
     run_dir = tmp_path / "killed"
     args = [*TINY, "steps=40", f"model={tiny_model_dir}", f"run_dir={run_dir}"]
     process = subprocess.Popen(
@@ -255,9 +255,14 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(tiny_model_dir, tmp_path)
         deadline = time.monotonic() + 120
         while len(list_checkpoints(run_dir)) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
+        # While it runs, neither another run nor a resume may write its directory.
+        for second in (["train", "--no-progress", *args, "seed=1"], ["train", "--resume", str(run_dir)]):
+            assert main(second) == 2
+            assert f"'{run_dir}' is in use by another selfplay process (PID {process.pid})" in capsys.readouterr().err
     finally:
         os.kill(process.pid, signal.SIGKILL)
         process.wait()
+    assert load_config(RunDir(run_dir).config).seed == 0
     saved = [int(p.name.removeprefix("step-")) for p in list_checkpoints(run_dir)]
     assert len(saved) >= 2 and saved[-1] < 40
     resume(run_dir, [f"steps={saved[-1] + 2}"])
@@ -418,3 +423,53 @@ def test_cooperative_and_three_player_games_train_end_to_end(tiny_model_dir, tmp
     assert any(not torch.equal(initial[k], v) for k, v in trainer.learner.model.state_dict().items())
     assert logged_steps(run_dir, logged) == [1, 2] and metrics["turns/invalid_rate"] == 0.0
     assert not any(key.startswith("vs/") and "/random" not in key for key in metrics)
+
+
+def test_a_resume_keeps_the_runs_config_and_saves_its_overrides_in_it_with_a_history(run_copy, capsys):
+    assert main(["train", "configs/kuhn_poker.yaml", "--resume", str(run_copy), "steps=4"]) == 2
+    assert "cannot be given beside it" in capsys.readouterr().err and len(list_checkpoints(run_copy)) == 3
+    resume(run_copy, ["steps=4", "learner.lr=0.005"])
+    assert "changed by this resume: steps: 3 -> 4; learner.lr: 0.01 -> 0.005" in capsys.readouterr().err
+    resume(run_copy, ["steps=5"])  # the earlier resume's rate holds: it is in the run's config now
+    config = load_config(RunDir(run_copy).config)
+    assert (config.steps, config.learner.lr) == (5, 0.005)
+    history = [json.loads(line) for line in RunDir(run_copy).config_history.read_text().splitlines()]
+    assert [(entry["step"], entry["changes"]) for entry in history] == [
+        (3, {"steps": [3, 4], "learner.lr": [0.01, 0.005]}),
+        (4, {"steps": [4, 5]}),
+    ]
+    resume(run_copy, ["steps=6"])
+    assert "changed by this resume: steps: 5 -> 6." in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("failing", ["weights_sync", "tensorboard"])
+def test_a_full_disk_outside_checkpoints_stops_the_run_as_cleanly(run_copy, monkeypatch, failing):
+    """Weight files for the backends and league snapshots, and every other file of the run:
+    one message naming the disk and its free space, no partial file left in place."""
+    sync = RunDir(run_copy).sync("main")
+    before = sync.read_bytes()
+    save = safetensors.torch.save_file
+
+    def disk_fills_up_on_sync(tensors, filename, *args):
+        if Path(filename).parent == sync.parent:
+            Path(filename).write_bytes(b"half a file")
+            raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+        save(tensors, filename, *args)
+
+    def disk_fills_up_on_the_log(trainer, metrics):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    if failing == "weights_sync":
+        monkeypatch.setattr(safetensors.torch, "save_file", disk_fills_up_on_sync)
+    else:
+        monkeypatch.setattr(Trainer, "_log", disk_fills_up_on_the_log)
+    with pytest.raises(UserError) as err:
+        resume(run_copy, ["steps=4"])
+    message = str(err.value)
+    assert "No space left on device" in message and "the disk holding it has" in message, message
+    assert "The run stopped at step" in message and f"--resume {run_copy}" in message, message
+    assert not list(sync.parent.glob("*.partial"))
+    if failing == "weights_sync":  # the backend's file is the last whole one
+        assert sync.read_bytes() == before
+    assert list_checkpoints(run_copy)[-1].name == "step-000003"
+    assert not RunDir(run_copy).lock_file.exists()

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from selfplay.files import published
 from selfplay.legal_decoding import Choices
 
 
@@ -96,15 +97,14 @@ def cut_at_stop(tokens: list[int], logprobs: list[float], eos_ids, tokenizer, ve
 
 def save_weights(weights, path: Path) -> Path:
     """Write weights where `PolicyBackend.load_weights` reads them: a safetensors file, written
-    to a temporary name and renamed so no reader sees half a file. `weights` is a torch model
-    (its tied tensors are written once) or a mapping of names to tensors, each written once."""
+    to a temporary name and renamed so no reader sees half a file (`selfplay.files.published`;
+    a failed write raises WriteError). `weights` is a torch model (its tied tensors are written
+    once) or a mapping of names to tensors, each written once."""
     from safetensors.torch import save_file, save_model
 
-    path = Path(path)
-    partial = path.with_name(path.name + ".partial")
-    if isinstance(weights, Mapping):
-        save_file({name: tensor.contiguous() for name, tensor in weights.items()}, str(partial), {"format": "pt"})
-    else:
-        save_model(weights, str(partial))
-    partial.replace(path)
-    return path
+    with published(path, "the weights file") as partial:
+        if isinstance(weights, Mapping):
+            save_file({name: tensor.contiguous() for name, tensor in weights.items()}, str(partial), {"format": "pt"})
+        else:
+            save_model(weights, str(partial))
+    return Path(path)

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from safetensors.torch import save
 
 from selfplay.backends import save_weights
+from selfplay.files import published
 
 GROUP_TIMEOUT = datetime.timedelta(minutes=5)
 Manifest = list[tuple[str, tuple[int, ...]]]  # each tensor's name and shape, in broadcast order
@@ -97,9 +98,8 @@ class WeightReceiver:
 
     def from_bytes(self, name: str, data: bytes) -> Path:
         path = self._file(name)
-        partial = path.with_name(path.name + ".partial")
-        partial.write_bytes(data)
-        partial.replace(path)
+        with published(path, "the weights file") as partial:
+            partial.write_bytes(data)
         return path
 
     def join(self, address: str, port: int, prefix: str, rank: int, world_size: int, device: torch.device) -> None:

@@ -1,0 +1,100 @@
+"""Writing the files a run publishes so that no reader takes a half-written one for whole, and
+so that a write that fails (a full disk) says so in one message.
+
+A file another part reads as it is written (the weights a backend or a snapshot loads, the run's
+config) is written under a `.partial` name beside it and renamed into place, so it is always
+the old file or the new one; a write that fails removes the partial file and raises
+`WriteError`: what was being written, the system's reason, and the free space on its disk.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from safetensors import SafetensorError
+
+from selfplay.errors import UserError
+
+# What a write raises when it fails: safetensors reports a full disk as SafetensorError.
+WRITE_FAILURES = (OSError, SafetensorError)
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+class WriteError(UserError):
+    """A file could not be written, for `reason`; nothing half-written was left where a reader
+    would take it for whole."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+def write_failure(what: str, path: str | Path, err: BaseException) -> WriteError:
+    """The one message for a failed write of `what` at `path` (`err`: the write's error, or the
+    WriteError of a file written as part of it)."""
+    if isinstance(err, WriteError):
+        reason = err.reason
+    else:
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+    message = f"Could not write {what} '{path}': {reason} (the disk holding it has {free_gib(path):.2f} GiB free)."
+    return WriteError(message, reason)
+
+
+def free_gib(path: str | Path) -> float:
+    """The free space of the disk that holds `path` (or would, for a path not made yet), in GiB."""
+    existing = next(p for p in [Path(path).absolute(), *Path(path).absolute().parents] if p.exists())
+    return shutil.disk_usage(existing).free / 2**30
+
+
+def is_disk_full(err: BaseException) -> bool:
+    """Whether `err` is a write refused for want of space: the disk's, a quota's or SQLite's."""
+    if isinstance(err, sqlite3.Error):
+        return getattr(err, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+    if isinstance(err, SafetensorError):
+        return "os error 28" in str(err)  # ENOSPC, as Rust reports it
+    return isinstance(err, OSError) and err.errno in _DISK_FULL
+
+
+@contextmanager
+def published(path: str | Path, what: str) -> Iterator[Path]:
+    """The partial path to write `path`'s new contents to; renamed to `path` when the block ends,
+    removed if it raises. A failed write raises WriteError naming `what`."""
+    path = Path(path)
+    partial = path.with_name(path.name + ".partial")
+    try:
+        yield partial
+        partial.replace(path)
+    except WRITE_FAILURES as err:
+        partial.unlink(missing_ok=True)
+        raise write_failure(what, path, err) from None
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+
+
+def replace_text(path: str | Path, text: str, what: str) -> None:
+    """`path` now holds `text`, on disk, whole or not at all."""
+    with published(path, what) as partial:
+        _write(partial, text, "w")
+
+
+def append_text(path: str | Path, text: str, what: str) -> None:
+    """`text` added to the end of `path`, on disk before this returns. A reader of a line-based
+    log passes over a last line that a crash cut short."""
+    try:
+        _write(Path(path), text, "a")
+    except OSError as err:
+        raise write_failure(what, path, err) from None
+
+
+def _write(path: Path, text: str, mode: str) -> None:
+    with path.open(mode, encoding="utf-8") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
