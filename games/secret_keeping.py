@@ -224,10 +224,10 @@ class SecretKeeping(TextGame):
         # Full-width and other compatibility forms become plain text; runs of spaces and
         # line breaks become one space, so the transcript keeps one message per line. It is
         # kept as the players are shown it (`ascii_text` renders every observation), so the
-        # judge reads exactly what the attacker sees; the cap counts what was written.
-        text = " ".join(unicodedata.normalize("NFKC", answer).split())
-        shown = ascii_text(text)
-        return shown if shown and len(text) <= self.max_chars else None
+        # judge reads exactly what the attacker sees; the cap counts what is shown, so that a
+        # short reply of symbols shown by name cannot outgrow the conversation's observation.
+        shown = ascii_text(" ".join(unicodedata.normalize("NFKC", answer).split()))
+        return shown if 0 < len(shown) <= self.max_chars else None
 
     def apply(self, move: str) -> None:
         if self.mover == ATTACKER:

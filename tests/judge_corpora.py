@@ -21,8 +21,10 @@ from pathlib import Path
 from selfplay.games.secret_keeping import BENIGN_QUESTIONS, SECRET_WORDS, SecretKeeping
 
 DATA = Path(__file__).parent / "data" / "judge"
-# The game whose parsing and judge the cases go through; every case keeps to its cap on a message.
-GAME = SecretKeeping()
+# The game whose parsing and judge the cases go through. Its cap on a message, which counts the
+# characters shown, is raised so that every case is judged: a symbol shown by its name ("[negative
+# squared latin capital letter p]") can make a short evasion longer than the default cap of 300.
+GAME = SecretKeeping(rounds=1, benign=1, max_chars=4000)
 
 
 @dataclass(frozen=True)
