@@ -70,11 +70,10 @@ def published(path: str | Path, what: str) -> Iterator[Path]:
     try:
         yield partial
         partial.replace(path)
-    except WRITE_FAILURES as err:
+    except BaseException as err:
         partial.unlink(missing_ok=True)
-        raise write_failure(what, path, err) from None
-    except BaseException:
-        partial.unlink(missing_ok=True)
+        if isinstance(err, WRITE_FAILURES):
+            raise write_failure(what, path, err) from None
         raise
 
 

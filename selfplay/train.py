@@ -721,8 +721,9 @@ def start_run_dir(run_dir: Path, config: TrainConfig) -> None:
         for stale in [*files.league_store_files(), files.eval_log, files.learning_curve, files.config_history]:
             stale.unlink(missing_ok=True)
         replace_text(files.config, yaml.safe_dump(config_to_dict(config), sort_keys=False), "the run's config")
-    except OSError as err:
-        raise UserError(f"Cannot make the run directory '{run_dir}': {err.strerror}. Choose another run_dir.") from None
+    except (OSError, WriteError) as err:
+        reason = err.reason if isinstance(err, WriteError) else err.strerror
+        raise UserError(f"Cannot make the run directory '{run_dir}': {reason}. Choose another run_dir.") from None
 
 
 def failed_write(err: BaseException) -> bool:
@@ -732,12 +733,17 @@ def failed_write(err: BaseException) -> bool:
 
 
 def run_stopped_by(err: BaseException, run_dir: Path, step: int) -> UserError:
-    """The message of a run that a failed write stopped at `step`."""
+    """The message of a run that a failed write stopped at `step`: resume it, or, before its first
+    checkpoint, start it again."""
     failure = err if isinstance(err, WriteError) else write_failure("the run's files", run_dir, err)
+    then = (
+        f"continue with `selfplay train --resume {run_dir}`"
+        if list_checkpoints(run_dir)
+        else "start it again (it saved no checkpoint)"
+    )
     return UserError(
         f"{failure} The run stopped at step {step}; nothing half-written was left and its saved checkpoints are "
-        f"whole. Free space on that disk (or lower keep_checkpoints), then continue with `selfplay train --resume "
-        f"{run_dir}`."
+        f"whole. Free space on that disk (or lower keep_checkpoints), then {then}."
     )
 
 
