@@ -1,12 +1,14 @@
 """Checkpoints of a training run, written atomically and read without unpickling anything.
 
 A checkpoint is `RUN_DIR/checkpoints/step-NNNNNN/`: a Hugging Face model directory of the
-policy (`AutoModelForCausalLM.from_pretrained` loads it) plus
+policy (`AutoModelForCausalLM.from_pretrained` loads it; a sharded learner's weights over
+several files for a large model) plus
 
-- `optimizer.safetensors` and `optimizer.json`: the optimizer's tensors and its settings;
+- the optimizer's state, and the KL reference when `learner.reference_update_every` has moved it
+  away from the initial policy: files from a learner of one process, a sharded
+  `torch.distributed.checkpoint` directory from a sharded one, each resumable by a learner of
+  any process count (`selfplay.training_state`);
 - `rng.safetensors`: torch's random-number-generator states;
-- `reference.safetensors`: the KL reference, when `learner.reference_update_every` has moved it
-  away from the initial policy;
 - `trainer_state.json`: the step, the advantage baselines, and whatever else the trainer and
   league keep;
 - `exploiters/NAME/`: the same for each of a league's exploiters (a LoRA learner's adapter in
@@ -39,15 +41,21 @@ from safetensors.torch import load_file, save_file
 from selfplay.errors import UserError
 from selfplay.files import WRITE_FAILURES, WriteError, write_failure
 from selfplay.run_dir import RunDir
+from selfplay.training_state import FILES_LAYOUT, SHARDED_LAYOUT
 
 STATE_FILE = "trainer_state.json"
-REFERENCE_FILE = "reference.safetensors"
 EXPLOITERS_DIR = "exploiters"
 PREFIX = "step-"
 # Hidden names of a checkpoint being written and of one being deleted.
 PARTIAL, DELETING = ".partial", ".deleting"
-# What every learning player's part of a checkpoint holds.
-REQUIRED_FILES = ("config.json", "model.safetensors", "optimizer.safetensors", "optimizer.json", "rng.safetensors")
+# What every learning player's part of a checkpoint holds: each tuple is a layout, one of which it
+# must hold in full (weights in one file or indexed files; training state as files or sharded).
+REQUIRED_FILES = (
+    (("config.json",),),
+    (("model.safetensors",), ("model.safetensors.index.json",)),
+    (FILES_LAYOUT, SHARDED_LAYOUT),
+    (("rng.safetensors",),),
+)
 # What a file that cannot be read raises: safetensors reports a cut-short file as SafetensorError.
 READ_ERRORS = (OSError, ValueError, KeyError, TypeError, SafetensorError)
 
@@ -143,9 +151,12 @@ def checkpoint_problem(path: Path) -> str | None:
     path = Path(path)
     exploiters = path / EXPLOITERS_DIR
     for part in [path, *(sorted(exploiters.iterdir()) if exploiters.is_dir() else [])]:
-        for name in (STATE_FILE, *REQUIRED_FILES):
-            if not (part / name).is_file():
-                return f"{(part / name).relative_to(path)} is missing"
+        if not (part / STATE_FILE).is_file():
+            return f"{(part / STATE_FILE).relative_to(path)} is missing"
+        for layouts in REQUIRED_FILES:
+            if not any(all((part / name).is_file() for name in layout) for layout in layouts):
+                missing = next(name for name in layouts[0] if not (part / name).is_file())
+                return f"{(part / missing).relative_to(path)} is missing"
     for file in sorted(path.rglob("*")):
         try:
             if file.suffix == ".json":
@@ -178,12 +189,8 @@ def load_checkpoint(path: Path, learner) -> dict:
     trainer state. (The policy weights are loaded when the learner is built from `path`.)"""
     try:
         state = json.loads((path / STATE_FILE).read_text())
-        settings = json.loads((path / "optimizer.json").read_text())
-        tensors = load_file(str(path / "optimizer.safetensors"))
         rng = load_file(str(path / "rng.safetensors"))
-        learner.optimizer.load_state_dict(_unflatten_optimizer(tensors, settings))
-        if (path / REFERENCE_FILE).exists():
-            learner.load_reference(path / REFERENCE_FILE)
+        learner.load_training_state(path)
     except READ_ERRORS as err:
         raise UserError(
             f"Checkpoint '{path}' is damaged ({err}). Move it out of its checkpoints directory to resume from the "
@@ -198,12 +205,8 @@ def load_checkpoint(path: Path, learner) -> dict:
 def _write(directory: Path, step: int, learner, state: dict) -> None:
     """One learning player's part of a checkpoint; its trainer state last."""
     learner.save_pretrained(directory)
-    tensors, settings = _flatten_optimizer(learner.optimizer.state_dict())
-    save_file(tensors, str(directory / "optimizer.safetensors"))
-    (directory / "optimizer.json").write_text(json.dumps(settings))
+    learner.save_training_state(directory)
     save_file(_rng_states(), str(directory / "rng.safetensors"))
-    if learner.reference_moved:
-        learner.save_reference(directory / REFERENCE_FILE)
     (directory / STATE_FILE).write_text(json.dumps({"step": step, **state}, indent=1))
 
 
@@ -230,26 +233,6 @@ def _rng_states() -> dict[str, torch.Tensor]:
     if torch.cuda.is_available():
         states.update({f"cuda.{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
     return states
-
-
-def _flatten_optimizer(state_dict: dict) -> tuple[dict[str, torch.Tensor], dict]:
-    """A torch optimizer's state as named tensors plus JSON (its numbers and settings)."""
-    tensors, scalars = {}, {}
-    for index, values in state_dict["state"].items():
-        for name, value in values.items():
-            if isinstance(value, torch.Tensor):
-                tensors[f"{index}.{name}"] = value.detach().contiguous().cpu()
-            else:
-                scalars[f"{index}.{name}"] = value
-    return tensors, {"param_groups": state_dict["param_groups"], "scalars": scalars}
-
-
-def _unflatten_optimizer(tensors: dict[str, torch.Tensor], settings: dict) -> dict:
-    state: dict[int, dict] = {}
-    for key, value in [*tensors.items(), *settings["scalars"].items()]:
-        index, name = key.split(".", 1)
-        state.setdefault(int(index), {})[name] = value
-    return {"state": state, "param_groups": settings["param_groups"]}
 
 
 def _fsync_tree(directory: Path) -> None:

@@ -155,8 +155,28 @@ class LearnerConfig:
     max_grad_norm: Positive = 1.0
     precision: Literal["fp32", "bf16"] = "fp32"
     lora: LoraConfig = LoraConfig()
+    # Processes the learner runs as, one GPU each where there are GPUs: each update is
+    # data-parallel over them, and the weights, gradients and optimizer state are sharded across
+    # them (FSDP2). 1 is one process, unsharded. What each setting below costs: docs/scaling.md.
+    processes: AtLeastOne = 1
+    # Recompute each decoder layer's activations in the backward pass rather than keep them:
+    # about a third more compute, activations of one layer rather than all.
+    activation_checkpointing: bool = False
+    # With processes above 1 on GPUs: keep the sharded weights, gradients and optimizer state in
+    # CPU memory, and run the optimizer step there (slower steps, much less GPU memory).
+    offload: bool = False
 
     def __post_init__(self):
+        if self.offload and self.processes == 1:
+            raise UserError(
+                "learner.offload moves the sharded learner's state to CPU memory: set learner.processes above 1, "
+                "or learner.offload=false."
+            )
+        if self.processes > 1 and self.lora.rank > 0:
+            raise UserError(
+                "learner.processes shards a full fine-tune; LoRA adapters are small enough for one process: set "
+                "learner.lora.rank=0, or learner.processes=1."
+            )
         if self.reference_update_every and (self.kl_coef <= 0 or self.lora.rank > 0):
             raise UserError(
                 "learner.reference_update_every moves the KL reference of a full fine-tune: set learner.kl_coef "

@@ -31,13 +31,16 @@ from pathlib import Path
 
 import safetensors.torch
 import torch
+from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from selfplay import training_state
 from selfplay.backends.base import save_weights
 from selfplay.config import LearnerConfig
 from selfplay.errors import UserError
 from selfplay.legal_decoding import Choices
-from selfplay.scoring import autocast, pick_device, response_logprobs, response_logprobs_and_entropy
+from selfplay.scoring import autocast, pick_device, response_logprobs_and_entropy
+from selfplay.sharding import Shards, full_tensors, save_streamed, shard_model
 
 
 class NonFiniteUpdate(RuntimeError):
@@ -69,15 +72,19 @@ class Learner:
         seed: int = 0,
         resume_from: str | Path | None = None,
         shared_base: torch.nn.Module | None = None,
+        shards: Shards | None = None,
     ):
         """`model_path` is the initial policy (and the KL reference); `resume_from` a model
         directory written by `save_pretrained` to continue from. With LoRA, `shared_base` is the
         initial model already in memory: the learner's adapters sit on its frozen weights
-        without copying them, so several learners (a league's exploiters) share one base."""
+        without copying them, so several learners (a league's exploiters) share one base.
+        `shards`: this process's place in a sharded learner's group (`LearnerGroup` starts the
+        group and makes every process run each call); None is a learner of one process."""
         self.config = config
         self.temperature = temperature if temperature > 0 else 1.0
         self.token_sum_length = config.token_sum_length or token_sum_length
-        self.device = pick_device(device)
+        self.shards = shards
+        self.device = shards.device if shards is not None else pick_device(device)
         torch.manual_seed(seed)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.lora = config.lora.rank > 0
@@ -85,10 +92,12 @@ class Learner:
         if shared_base is not None and self.lora:
             model = _sharing_weights(shared_base)
         else:
-            model = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32).to(self.device)
+            model = self._placed(AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32))
         self.tied_embeddings = bool(getattr(model.config, "tie_word_embeddings", False))
         if self.lora:
             model = _with_lora(model, config, Path(resume_from) / "adapter" if resume_from is not None else None)
+        if config.activation_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model = model
         self.model.train()
         # With LoRA the reference policy is the base model with adapters switched off; without,
@@ -96,7 +105,7 @@ class Learner:
         self.reference = None
         self.reference_moved = False  # True once the reference is no longer the initial policy
         if config.kl_coef > 0 and not self.lora:
-            self.reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)
+            self.reference = self._placed(AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32))
             self.reference.eval().requires_grad_(False)
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
@@ -120,6 +129,8 @@ class Learner:
         steps = []
         for _ in range(config.epochs):
             order = torch.randperm(len(samples)).tolist()
+            if self.shards is not None:  # every process splits the same minibatches
+                order = self.shards.from_first(order)
             for part in range(min(config.minibatches, len(samples))):
                 steps.append(self._minibatch_step(samples, order[part :: config.minibatches], old, reference))
         names = dict.fromkeys(name for step in steps for name in step)  # a lag may be missing from a minibatch
@@ -159,16 +170,13 @@ class Learner:
         lag_sums: dict[int, float] = {}  # the ratio to the sampler summed over the tokens of each lag
         lag_tokens: dict[int, int] = {}
         self.optimizer.zero_grad(set_to_none=True)
-        for chunk in _micro_batches(list(copies), samples, config.micro_batch_tokens):
+        for chunk, counts in self._share(list(_micro_batches(list(copies), samples, config.micro_batch_tokens))):
             batch = [samples[i] for i in chunk]
             with self._autocast():
-                logprobs, entropies = response_logprobs_and_entropy(
-                    self.model,
-                    [s.prompt_ids for s in batch],
-                    [s.response_ids for s in batch],
-                    self.temperature,
-                    [s.choices for s in batch],
-                )
+                logprobs, entropies = self._score(self.model, batch)
+            if not counts:  # padding, so that every process of a sharded learner runs as many passes
+                (torch.cat(logprobs).sum() * 0.0).backward()
+                continue
             # Every copy of a sequence reads the log-probs computed once for it; from here on all
             # is per token of the chunk's samples, copies included, as if each had run alone.
             members, at, start = [], [], 0
@@ -217,8 +225,15 @@ class Learner:
             if config.importance_clip is not None:
                 sums["ratio_clipped"] += (ratio_to_sampler > config.importance_clip).sum().item()
             tokens += len(logp)
+        if self.shards is not None:  # the whole minibatch's figures, as one process would have them
+            *totals, tokens = self.shards.sum([*sums.values(), tokens])
+            sums = dict(zip(sums, totals))
+            ratio_max = self.shards.max(ratio_max)
+            lag_sums, lag_tokens = _merged_counts(self.shards.gather((lag_sums, lag_tokens)))
         trainable = self.optimizer.param_groups[0]["params"]
         grad_norm = torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
+        if isinstance(grad_norm, DTensor):
+            grad_norm = grad_norm.full_tensor()
         if not torch.isfinite(grad_norm):  # one such step would make every weight NaN
             self.optimizer.zero_grad(set_to_none=True)
             raise NonFiniteUpdate(
@@ -226,8 +241,11 @@ class Learner:
                 "weights are as they were"
             )
         self.optimizer.step()
-        if not torch.stack([p.detach().isfinite().all() for p in trainable]).all():
-            broken = [name for name, p in self.model.named_parameters() if not p.detach().isfinite().all()]
+        finite = bool(torch.stack([_local(p).isfinite().all() for p in trainable]).all())
+        if self.shards is not None:
+            finite = self.shards.sum([float(not finite)])[0] == 0
+        if not finite:
+            broken = [name for name, p in self.model.named_parameters() if not _local(p).isfinite().all()]
             raise NonFiniteUpdate(
                 f"loss {sums['loss']}, gradient norm {grad_norm.item()}, and the update made {len(broken)} weight "
                 f"tensors infinite or NaN ({', '.join(broken[:3])}{', ...' if len(broken) > 3 else ''}): the "
@@ -242,23 +260,31 @@ class Learner:
 
     def _logprobs(self, samples: Sequence[Sample], grad: bool, model=None) -> list[torch.Tensor]:
         model = model or self.model
-        out: list[torch.Tensor | None] = [None] * len(samples)
+        scored: dict[int, torch.Tensor] = {}  # the first copy of each sequence: its log-probs
         copies = _copies(samples, range(len(samples)))
+        chunks = list(_micro_batches(list(copies), samples, self.config.micro_batch_tokens))
         with torch.set_grad_enabled(grad), self._autocast():
-            for chunk in _micro_batches(list(copies), samples, self.config.micro_batch_tokens):
-                batch = [samples[i] for i in chunk]
-                scored = response_logprobs(
-                    model,
-                    [s.prompt_ids for s in batch],
-                    [s.response_ids for s in batch],
-                    self.temperature,
-                    [s.choices for s in batch],
-                )
-                for first, logp in zip(chunk, scored):
-                    logp = logp.float()
-                    for i in copies[first]:
-                        out[i] = logp
-        return out
+            for chunk, counts in self._share(chunks):
+                logprobs, _ = self._score(model, [samples[i] for i in chunk], entropy=False)
+                if counts:
+                    scored.update((first, logp.float()) for first, logp in zip(chunk, logprobs))
+        if self.shards is not None:  # each process scored its share: every process gets them all
+            scored = {first: logp for part in self.shards.gather(scored) for first, logp in part.items()}
+        first_of = {i: first for first, same in copies.items() for i in same}
+        return [scored[first_of[i]] for i in range(len(samples))]
+
+    def _score(self, model, batch: Sequence[Sample], entropy: bool = True):
+        """Log-probs (and entropies) of `batch`'s responses under `model`; a sharded model
+        scores through its registered forward method (`selfplay.sharding`)."""
+        score = model.score_responses if self.shards is not None else response_logprobs_and_entropy
+        arguments = [s.prompt_ids for s in batch], [s.response_ids for s in batch], self.temperature
+        if self.shards is None:
+            arguments = (model, *arguments)
+        return score(*arguments, [s.choices for s in batch], entropy=entropy)
+
+    def _share(self, chunks: list[list[int]]) -> list[tuple[list[int], bool]]:
+        """The micro-batches this process runs, each with whether its loss counts (see `Shards.share`)."""
+        return [(chunk, True) for chunk in chunks] if self.shards is None else self.shards.share(chunks)
 
     def _reference_logprobs(self, samples: Sequence[Sample]) -> list[torch.Tensor]:
         if self.lora:
@@ -271,18 +297,25 @@ class Learner:
         self.reference.load_state_dict(self.model.state_dict())
         self.reference_moved = True
 
-    def save_reference(self, path: Path) -> None:
-        safetensors.torch.save_model(self.reference, str(path))
+    def save_training_state(self, directory: Path) -> None:
+        """What a resumed run needs beside the policy's weights: the optimizer's state and a moved
+        KL reference (`selfplay.training_state`; every process of a sharded learner writes its part)."""
+        training_state.save(self, Path(directory))
 
-    def load_reference(self, path: Path) -> None:
-        """Restore a reference written by `save_reference`."""
-        missing, unexpected = safetensors.torch.load_model(self.reference, str(path), strict=False)
-        if missing or unexpected:
-            raise ValueError(f"reference weights do not fit the model: missing {missing}, unexpected {unexpected}")
-        self.reference_moved = True
+    def load_training_state(self, directory: Path) -> None:
+        """Restore what `save_training_state` wrote, by a learner of this or another process count."""
+        training_state.load(self, Path(directory))
 
     def _autocast(self):
+        if self.shards is not None:  # a sharded model computes at its own mixed precision
+            return contextlib.nullcontext()
         return autocast(self.config.precision, torch.device(self.device).type)
+
+    def _placed(self, model: torch.nn.Module) -> torch.nn.Module:
+        """`model`, loaded on the CPU, on this learner's device: moved whole, or sharded over the group."""
+        if self.shards is None:
+            return model.to(self.device)
+        return shard_model(model, self.shards, self.config.precision, self.config.offload)
 
     @contextlib.contextmanager
     def scoring_model(self):
@@ -324,10 +357,23 @@ class Learner:
             state.pop("lm_head.weight", None)
         return state
 
+    def policy_weights(self, dtype: torch.dtype = torch.float32) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, tensor) of each of the policy's weights as a backend loads them (see
+        `policy_state_dict`), cast to the backend's `dtype` (a bf16 backend then reads half the
+        bytes, and casts nothing). A sharded learner gathers one whole tensor at a time, on every
+        process at once: the stream must be read to its end."""
+        if self.shards is None:
+            for name, tensor in self.policy_state_dict().items():
+                yield name, tensor.to(dtype)
+        else:
+            yield from full_tensors(self.model, dtype, skip=self._tied_names())
+
     def backend_weights(self, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-        """The policy's weights as a backend loads them, cast to the backend's `dtype` (a bf16
-        backend then reads half the bytes, and casts nothing)."""
-        return {name: tensor.to(dtype) for name, tensor in self.policy_state_dict().items()}
+        """`policy_weights` in one mapping."""
+        return dict(self.policy_weights(dtype))
+
+    def _tied_names(self) -> frozenset[str]:
+        return frozenset({"lm_head.weight"} if self.tied_embeddings else ())
 
     def export_weights(self, path: Path, dtype: torch.dtype = torch.float32) -> Path:
         """Write the policy's weights for `PolicyBackend.load_weights` (see `backend_weights`)."""
@@ -337,12 +383,20 @@ class Learner:
         """A Hugging Face model directory (safetensors) of the policy, LoRA merged in; with LoRA
         the adapter itself goes to `adapter/` beside it, for resuming."""
         directory = Path(directory)
+        if self.shards is not None:  # the group gathers the weights; the first process writes them
+            tied = self._tied_names()
+            sizes = {name: 4 * t.numel() for name, t in self.model.state_dict().items() if name not in tied}
+            writing = self.shards.rank == 0
+            save_streamed(self.policy_weights(), sizes, directory if writing else None)
+            if not writing:
+                return
         directory.mkdir(parents=True, exist_ok=True)
         base = self.model.get_base_model() if self.lora else self.model
         base.config.save_pretrained(directory)
         if base.generation_config is not None:
             base.generation_config.save_pretrained(directory)
-        save_weights(self.policy_state_dict(), directory / "model.safetensors")
+        if self.shards is None:
+            save_weights(self.policy_state_dict(), directory / "model.safetensors")
         self.tokenizer.save_pretrained(directory)
         if self.lora:
             self.model.save_pretrained(directory / "adapter")
@@ -402,6 +456,22 @@ def _merged(peft_model):
         yield
     finally:
         peft_model.unmerge_adapter()
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This process's part of a (sharded) weight."""
+    return (tensor.to_local() if isinstance(tensor, DTensor) else tensor).detach()
+
+
+def _merged_counts(parts: Iterable[tuple[dict[int, float], dict[int, int]]]) -> tuple[dict, dict]:
+    """Each process's per-lag ratio sums and token counts, added up."""
+    sums: dict[int, float] = {}
+    tokens: dict[int, int] = {}
+    for part_sums, part_tokens in parts:
+        for lag in part_tokens:
+            sums[lag] = sums.get(lag, 0.0) + part_sums[lag]
+            tokens[lag] = tokens.get(lag, 0) + part_tokens[lag]
+    return dict(sorted(sums.items())), dict(sorted(tokens.items()))
 
 
 def _copies(samples: Sequence[Sample], indices: Iterable[int]) -> dict[int, list[int]]:

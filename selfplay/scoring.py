@@ -56,7 +56,9 @@ def warn_if_bf16_emulated(settings: dict[str, tuple[str, str | None]]) -> None:
     )
 
 
-def response_hidden(model, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> torch.Tensor:
+def response_hidden(
+    model, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], share_prefix: bool = True
+) -> torch.Tensor:
     """The last hidden state at every position that predicts a response token, all responses
     concatenated in order: shape (total response tokens, hidden size).
 
@@ -66,15 +68,20 @@ def response_hidden(model, prompts: Sequence[Sequence[int]], responses: Sequence
     prompt that several responses share runs once too, its responses after it. With them, each
     row runs whole: through shared prompts, a resumed run's update came out different in its
     last bits from the unbroken run's, and a resumed run must repeat the run it resumes.
+
+    `share_prefix=False` runs every row whole, each layer once per call: a sharded model
+    (`selfplay.sharding`) gathers each layer once per forward pass and frees it after, so a
+    second pass through a layer would find its weights freed in the backward pass, and every
+    process must run the same passes.
     """
     device = next(model.parameters()).device
     decoder = model.get_decoder()
     first = prompts[0]
-    shared = min(len(p) for p in prompts) - 1
+    shared = min(len(p) for p in prompts) - 1 if share_prefix else 0
     for prompt in prompts[1:]:
         shared = next((i for i in range(shared) if prompt[i] != first[i]), shared)
     distinct = {tuple(prompt): None for prompt in prompts}
-    whole_rows = len(distinct) == len(prompts) or torch.is_grad_enabled()
+    whole_rows = len(distinct) == len(prompts) or torch.is_grad_enabled() or not share_prefix
     cache = None
     if shared > 0:
         prefix = torch.tensor([list(first[:shared])], device=device)
@@ -164,11 +171,14 @@ def response_logprobs_and_entropy(
     temperature: float = 1.0,
     choices: Sequence[Choices] | None = None,
     entropy: bool = True,
+    share_prefix: bool = True,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
     """`response_logprobs`, and the entropy of the (legal decoding's renormalised) next-token
-    distribution at each of those positions (None when `entropy` is off)."""
+    distribution at each of those positions (None when `entropy` is off). `share_prefix`: see
+    `response_hidden`."""
     # The output head runs on response positions only: over whole prompts it is most of the cost.
-    logits = model.get_output_embeddings()(response_hidden(model, prompts, responses)).float()
+    hidden = response_hidden(model, prompts, responses, share_prefix)
+    logits = model.get_output_embeddings()(hidden).float()
     if temperature not in (0, 1):
         logits = logits / temperature
     targets = torch.tensor([t for r in responses for t in r], device=logits.device)

@@ -46,6 +46,7 @@ from selfplay.checkpoint import (
 )
 from selfplay.config import TrainConfig, config_to_dict, load_config
 from selfplay.default_model import resolve_model
+from selfplay.distributed.learner_group import LearnerGroup, LearnerProcessDied
 from selfplay.errors import UserError
 from selfplay.evaluation import exact_play
 from selfplay.evaluation.evaluate import plan_pairings, play_opponents
@@ -299,16 +300,17 @@ class Trainer:
         adapters and optimizer state, not another copy of the weights."""
         config = self.config
         shared_base = self._exploiter_base() if exploiter and learner_config.lora.rank > 0 else None
-        learner = Learner(
-            self.model_path,
-            learner_config,
-            temperature=config.rollout.temperature,
-            token_sum_length=config.rollout.max_new_tokens,
-            device=config.device,
-            seed=config.seed,
-            resume_from=checkpoint,
-            shared_base=shared_base,
-        )
+        settings = {
+            "temperature": config.rollout.temperature,
+            "token_sum_length": config.rollout.max_new_tokens,
+            "device": config.device,
+            "seed": config.seed,
+            "resume_from": checkpoint,
+        }
+        if learner_config.processes > 1:
+            learner = LearnerGroup(self.model_path, learner_config, **settings)
+        else:
+            learner = Learner(self.model_path, learner_config, shared_base=shared_base, **settings)
         # The rollout workers generate for a distributed run: the trainer's backend only evaluates.
         if (shared_base is not None and config.backend == "hf") or self.workers is not None:
             backend = make_backend("hf", str(self.model_path), device=learner.device, model=learner.model)
@@ -370,8 +372,11 @@ class Trainer:
         # An exploiter's KL reference is the shared base under its adapters, which stays put. Each
         # restart is a new learner whose lifetime the snapshot rule decides as it goes, so its
         # rate does not decay with the run's: it warms up from each restart, then stays.
+        # Exploiters train in the trainer's process: the main player's learner alone is sharded.
         return dataclasses.replace(
             learner,
+            processes=1,
+            offload=False,
             lr=learner.lr if league.exploiter_lr is None else league.exploiter_lr,
             lr_schedule="constant",
             kl_coef=learner.kl_coef if league.exploiter_kl_coef is None else league.exploiter_kl_coef,
@@ -490,6 +495,8 @@ class Trainer:
         except BaseException as err:
             if failed_write(err):
                 raise run_stopped_by(err, self.run_dir, self.step) from None
+            if isinstance(err, LearnerProcessDied):
+                raise UserError(f"The run stopped at step {self.step}: {err}. {self._resume_hint()}") from None
             raise
         finally:
             bar.close()
@@ -504,6 +511,9 @@ class Trainer:
         self.writer.close()
         for backend in [*(p.backend for p in self.players.values()), *self.frozen.values()]:
             backend.close()
+        for player in self.players.values():
+            if isinstance(player.learner, LearnerGroup):
+                player.learner.close()
         self.league.close()
         self._stop_workers()
         self.run_lock.release()
@@ -530,13 +540,17 @@ class Trainer:
     def _restart_hint(self, name: str) -> str:
         """How to go on after `name`'s update diverged: from the last checkpoint, at a lower rate."""
         exploiter_lr = name != MAIN and self.config.league.exploiter_lr is not None
-        rate = "league.exploiter_lr" if exploiter_lr else "learner.lr"
+        return self._resume_hint("league.exploiter_lr" if exploiter_lr else "learner.lr")
+
+    def _resume_hint(self, lower: str | None = None) -> str:
+        """How to go on from the run's last checkpoint (with the setting `lower` lowered), or,
+        before its first, from the start."""
         saved = list_checkpoints(self.run_dir)
         if not saved:
-            return f"The run had saved no checkpoint: start it again with a lower {rate}."
+            return "The run had saved no checkpoint: start it again" + (f" with a lower {lower}." if lower else ".")
         return (
             f"Its last good checkpoint, step {checkpoint_step(saved[-1])}, is kept: continue from it with "
-            f"`selfplay train --resume {self.run_dir} {rate}=LOWER`."
+            f"`selfplay train --resume {self.run_dir}{f' {lower}=LOWER' if lower else ''}`."
         )
 
     def train_step(self) -> dict[str, float]:

@@ -134,9 +134,9 @@ def test_a_moved_reference_is_the_policy_of_that_moment(tiny_model_dir, prompt, 
     assert learner.update([sampled(learner, prompt, [5, 6, 7], 1.0)])["kl"] > 1e-4
     learner.move_reference()
     assert learner.update([sampled(learner, prompt, [5, 6, 7], 1.0)])["kl"] == pytest.approx(0.0, abs=1e-9)
-    learner.save_reference(tmp_path / "reference.safetensors")
+    learner.save_training_state(tmp_path)
     restored = Learner(str(tiny_model_dir), LearnerConfig(lr=1e-2, kl_coef=0.1), seed=0)
-    restored.load_reference(tmp_path / "reference.safetensors")
+    restored.load_training_state(tmp_path)
     assert restored.reference_moved
     for name, tensor in learner.reference.state_dict().items():
         assert torch.equal(restored.reference.state_dict()[name], tensor), name

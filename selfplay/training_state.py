@@ -1,0 +1,112 @@
+"""A learner's training state beside its policy weights in a checkpoint: the optimizer's state,
+and the KL reference once `learner.reference_update_every` has moved it off the initial policy.
+
+Two layouts, each readable by a learner of any process count:
+- a learner of one process writes files: `optimizer.safetensors` (the moments, by the index of
+  each trainable weight), `optimizer.json` (settings and scalars) and `reference.safetensors`;
+- a sharded learner writes one `torch.distributed.checkpoint` directory, `training_state/`, to
+  which each process writes its own shards in parallel, and which loads resharded onto any
+  number of processes (one included).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import load_file, load_model, save_file, save_model
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+OPTIMIZER_FILE, OPTIMIZER_SETTINGS, REFERENCE_FILE = "optimizer.safetensors", "optimizer.json", "reference.safetensors"
+SHARDED_DIR = "training_state"
+# What each layout must hold to be whole.
+FILES_LAYOUT = (OPTIMIZER_FILE, OPTIMIZER_SETTINGS)
+SHARDED_LAYOUT = (f"{SHARDED_DIR}/.metadata",)
+
+
+def save(learner, directory: Path) -> None:
+    if learner.shards is None:
+        tensors, settings = _flatten_optimizer(learner.optimizer.state_dict())
+        save_file(tensors, str(directory / OPTIMIZER_FILE))
+        (directory / OPTIMIZER_SETTINGS).write_text(json.dumps(settings))
+        if learner.reference_moved:
+            save_model(learner.reference, str(directory / REFERENCE_FILE))
+        return
+    state = {"optimizer": get_optimizer_state_dict(learner.model, learner.optimizer)}
+    if learner.reference_moved:
+        state["reference"] = get_model_state_dict(learner.reference)
+    dcp.save(state, checkpoint_id=directory / SHARDED_DIR)
+
+
+def load(learner, directory: Path) -> None:
+    """Restore the state `save` wrote in `directory`, in either layout."""
+    if (directory / SHARDED_DIR).is_dir():
+        _load_sharded(learner, directory / SHARDED_DIR)
+    elif learner.shards is None:
+        learner.optimizer.load_state_dict(_read_optimizer(directory))
+        if (directory / REFERENCE_FILE).exists():
+            missing, unexpected = load_model(learner.reference, str(directory / REFERENCE_FILE), strict=False)
+            if missing or unexpected:
+                raise ValueError(f"reference weights do not fit the model: missing {missing}, unexpected {unexpected}")
+            learner.reference_moved = True
+    else:  # one process's files, shared out over the group: each process reads them whole
+        by_index = _read_optimizer(directory)
+        names = [name for name, p in learner.model.named_parameters() if p.requires_grad]
+        whole = {
+            "state": {names[index]: values for index, values in by_index["state"].items()},
+            "param_groups": [
+                {**group, "params": [names[i] for i in group["params"]]} for group in by_index["param_groups"]
+            ],
+        }
+        options = StateDictOptions(full_state_dict=True)
+        set_optimizer_state_dict(learner.model, learner.optimizer, whole, options=options)
+        if (directory / REFERENCE_FILE).exists():
+            set_model_state_dict(learner.reference, load_file(str(directory / REFERENCE_FILE)), options=options)
+            learner.reference_moved = True
+
+
+def _load_sharded(learner, path: Path) -> None:
+    saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    state = {"optimizer": get_optimizer_state_dict(learner.model, learner.optimizer)}
+    moved = any(key.startswith("reference.") for key in saved)
+    if moved:
+        state["reference"] = get_model_state_dict(learner.reference)
+    dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
+    set_optimizer_state_dict(learner.model, learner.optimizer, state["optimizer"])
+    if moved:
+        set_model_state_dict(learner.reference, state["reference"])
+        learner.reference_moved = True
+
+
+def _read_optimizer(directory: Path) -> dict:
+    settings = json.loads((directory / OPTIMIZER_SETTINGS).read_text())
+    return _unflatten_optimizer(load_file(str(directory / OPTIMIZER_FILE)), settings)
+
+
+def _flatten_optimizer(state_dict: dict) -> tuple[dict[str, torch.Tensor], dict]:
+    """A torch optimizer's state as named tensors plus JSON (its numbers and settings)."""
+    tensors, scalars = {}, {}
+    for index, values in state_dict["state"].items():
+        for name, value in values.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{index}.{name}"] = value.detach().contiguous().cpu()
+            else:
+                scalars[f"{index}.{name}"] = value
+    return tensors, {"param_groups": state_dict["param_groups"], "scalars": scalars}
+
+
+def _unflatten_optimizer(tensors: dict[str, torch.Tensor], settings: dict) -> dict:
+    state: dict[int, dict] = {}
+    for key, value in [*tensors.items(), *settings["scalars"].items()]:
+        index, name = key.split(".", 1)
+        state.setdefault(int(index), {})[name] = value
+    return {"state": state, "param_groups": settings["param_groups"]}
