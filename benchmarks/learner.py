@@ -14,24 +14,37 @@ output head only where a response token is scored, where the bare update, as a p
 pass does, runs both over every position.
 
     python benchmarks/learner.py [--samples 256] [--prompt full|view] [--repeats 3]
+
+With `--processes 1 2 ...` it measures the sharded learner instead (`learner.processes`): for
+each process count, in a fresh process of its own, the same update's tokens/s, and what each
+process holds (its shards of the weights, gradients and AdamW moments, and its peak resident
+memory), beside what the memory plan (`benchmarks/memory_plan.py`) says it should hold.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import pickle
 import random
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
 
 from selfplay.config import LearnerConfig
 from selfplay.default_model import resolve_model
+from selfplay.distributed.learner_group import LearnerGroup
 from selfplay.evaluation.exploitability import information_states
 from selfplay.learner import Learner, Sample
 from selfplay.prompts import batch_prompt_ids
 from selfplay.scoring import response_logprobs
+from selfplay.sharding import threads_per_process
 
 
 def turns(learner: Learner, count: int, prompt: str, seed: int) -> list[Sample]:
@@ -99,6 +112,66 @@ def timed(update, repeats: int) -> float:
     return statistics.median(times)
 
 
+def sharded(model_path: str, processes: int, samples_file: Path, repeats: int) -> dict:
+    """The update of the samples in `samples_file` on a learner of `processes` processes: its
+    tokens/s, and what each process holds (`Learner.held_bytes`)."""
+    samples = pickle.loads(samples_file.read_bytes())
+    torch.set_num_threads(threads_per_process(processes))  # as each peer does: the cores shared out
+    config = LearnerConfig(lr=1e-6, processes=processes)
+    learner = Learner(model_path, config) if processes == 1 else LearnerGroup(model_path, config)
+    try:
+        seconds = timed(lambda: learner.update(samples), repeats)
+        held = learner.held_bytes()
+    finally:
+        if processes > 1:
+            learner.close()
+    tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+    return {"processes": processes, "tokens_per_s": tokens / seconds, "held": held}
+
+
+def compare_process_counts(args) -> None:
+    """`sharded` for each count of `args.processes`, each in a process of its own (so that each
+    peak resident memory is its count's alone), printed beside the memory plan."""
+    from memory_plan import sharded_state_bytes
+
+    model_path = resolve_model(args.model)
+    learner = Learner(model_path, LearnerConfig(), seed=args.seed)
+    samples = turns(learner, args.samples, args.prompt, args.seed)
+    parameters = sum(p.numel() for p in learner.model.parameters())
+    del learner
+    mib = 2**20
+    with tempfile.TemporaryDirectory() as scratch:
+        samples_file = Path(scratch) / "samples.pickle"
+        samples_file.write_bytes(pickle.dumps(samples))
+        results = []
+        for count in args.processes:
+            command = [sys.executable, __file__, "--model", args.model, "--repeats", str(args.repeats)]
+            command += ["--one-count", str(count), "--samples-file", str(samples_file)]
+            printed = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+            results.append(json.loads(printed.strip().splitlines()[-1]))
+    tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+    print(f"{args.samples} samples, {tokens} tokens ({args.prompt} prompts), {parameters:,} parameters, fp32")
+    print(
+        f"{'processes':>9s}  {'tokens/s':>9s}  {'rank':>4s}  {'weights MiB':>11s}  {'grads MiB':>9s}  "
+        f"{'AdamW MiB':>9s}  {'plan MiB (w/g/AdamW)':>20s}  {'peak RSS MiB':>12s}"
+    )
+    for result in results:
+        plan = sharded_state_bytes(parameters, parameters, result["processes"])
+        planned = "/".join(f"{plan[part] / mib:.2f}" for part in ("parameters", "gradients", "optimizer"))
+        for rank, held in enumerate(result["held"]):
+            print(
+                f"{result['processes']:9d}  {result['tokens_per_s']:9,.0f}  {rank:4d}  "
+                f"{held['parameters'] / mib:11.2f}  {held['gradients'] / mib:9.2f}  {held['optimizer'] / mib:9.2f}  "
+                f"{planned:>20s}  {held['peak_resident'] / mib:12.0f}"
+            )
+    first = results[0]
+    for result in results[1:]:
+        print(
+            f"tokens/s, {result['processes']} processes / {first['processes']}: "
+            f"{result['tokens_per_s'] / first['tokens_per_s']:.2f}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="default")
@@ -106,8 +179,17 @@ def main() -> None:
     parser.add_argument("--prompt", choices=("full", "view"), default="full")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--processes", type=int, nargs="+", help="compare the sharded learner on these process counts")
+    parser.add_argument("--one-count", type=int, help=argparse.SUPPRESS)  # one count of --processes, in its own process
+    parser.add_argument("--samples-file", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.manual_seed(args.seed)
+    if args.one_count is not None:
+        print(json.dumps(sharded(resolve_model(args.model), args.one_count, args.samples_file, args.repeats)))
+        return
+    if args.processes:
+        compare_process_counts(args)
+        return
     model_path = resolve_model(args.model)
     config = LearnerConfig(lr=1e-6)
     learner = Learner(model_path, config, seed=args.seed)

@@ -40,7 +40,7 @@ from selfplay.config import LearnerConfig
 from selfplay.errors import UserError
 from selfplay.legal_decoding import Choices
 from selfplay.scoring import autocast, pick_device, response_logprobs_and_entropy
-from selfplay.sharding import Shards, full_tensors, save_streamed, shard_model
+from selfplay.sharding import Shards, full_tensors, local_bytes, save_streamed, shard_model
 
 
 class NonFiniteUpdate(RuntimeError):
@@ -296,6 +296,21 @@ class Learner:
         """Make the current policy the KL reference (see `LearnerConfig.reference_update_every`)."""
         self.reference.load_state_dict(self.model.state_dict())
         self.reference_moved = True
+
+    def held_bytes(self) -> list[dict[str, int]]:
+        """What each process of the learner holds between updates: the bytes of its weights,
+        gradients and optimizer state (its shards of them, when sharded), and its peak resident
+        memory so far; one entry per process, in rank order."""
+        import resource
+
+        optimizer_state = [v for state in self.optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
+        held = {
+            "parameters": local_bytes(self.model.parameters()),
+            "gradients": local_bytes(p.grad for p in self.model.parameters()),
+            "optimizer": local_bytes(v for v in optimizer_state if v.dim() > 0),  # the moments, not the step counts
+            "peak_resident": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        }
+        return [held] if self.shards is None else self.shards.gather(held)
 
     def save_training_state(self, directory: Path) -> None:
         """What a resumed run needs beside the policy's weights: the optimizer's state and a moved

@@ -126,9 +126,17 @@ def shard_model(model: torch.nn.Module, shards: Shards, precision: str, offload:
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)  # gloo has no pre-scaled sum
-    model.score_responses = functools.partial(response_logprobs_and_entropy, model, share_prefix=False)
+    model.score_responses = functools.partial(_score_responses, model)
     register_fsdp_forward_method(model, "score_responses")
     return model
+
+
+def _score_responses(model, *args, **kwargs):
+    """`response_logprobs_and_entropy`, each layer run once, returning tensors of their own: FSDP
+    hooks every output for the backward pass, and warns of views (a view changed in place would
+    skip its hook)."""
+    logprobs, entropies = response_logprobs_and_entropy(model, *args, share_prefix=False, **kwargs)
+    return [t.clone() for t in logprobs], entropies and [t.clone() for t in entropies]
 
 
 def full_tensors(model: torch.nn.Module, dtype: torch.dtype, skip: frozenset[str] = frozenset()) -> Iterator:

@@ -12,6 +12,7 @@ Two layouts, each readable by a learner of any process count:
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import torch
@@ -80,7 +81,9 @@ def _load_sharded(learner, path: Path) -> None:
     moved = any(key.startswith("reference.") for key in saved)
     if moved:
         state["reference"] = get_model_state_dict(learner.reference)
-    dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
+    with warnings.catch_warnings():  # a learner of one process loads without a group, as it means to
+        warnings.filterwarnings("ignore", "torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
     set_optimizer_state_dict(learner.model, learner.optimizer, state["optimizer"])
     if moved:
         set_model_state_dict(learner.reference, state["reference"])

@@ -142,6 +142,9 @@ class LearnerGroup:
     def move_reference(self) -> None:
         self._call("move_reference")
 
+    def held_bytes(self) -> list[dict[str, int]]:
+        return self._call("held_bytes")
+
     def save_pretrained(self, directory: Path) -> None:
         self._call("save_pretrained", directory)
 
