@@ -334,7 +334,9 @@ class Trainer:
         from selfplay.distributed.worker_pool import RolloutWorkers
 
         config = self.config
-        self.started_ray = connect(config.distributed)
+        learner = config.learner
+        on_gpus = learner.processes > 1 and torch.device(pick_device(config.device)).type == "cuda"
+        self.started_ray = connect(config.distributed, learner_gpus=learner.processes if on_gpus else 0)
         self.workers = RolloutWorkers(
             config.distributed,
             str(self.model_path),

@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM
 from selfplay import sharding
 from selfplay.checkpoint import checkpoint_problem, list_checkpoints
 from selfplay.config import LearnerConfig, LoraConfig, load_config
+from selfplay.distributed.cluster import check_learner_gpus
 from selfplay.distributed.learner_group import LearnerGroup
 from selfplay.errors import UserError
 from selfplay.run_dir import RunDir
@@ -167,3 +168,14 @@ def test_settings_the_sharded_learner_cannot_take_are_refused_with_the_reason(ti
         LearnerConfig(processes=2, lora=LoraConfig(rank=8))
     with pytest.raises(UserError, match="set learner.processes above 1"):
         LearnerConfig(offload=True)
+
+
+def test_a_ray_node_offering_the_learners_gpus_to_rollout_workers_is_refused():
+    nodes = [
+        {"Alive": True, "NodeManagerAddress": "10.0.0.1", "Resources": {"CPU": 32.0, "GPU": 8.0}},
+        {"Alive": True, "NodeManagerAddress": "10.0.0.2", "Resources": {"CPU": 32.0, "GPU": 8.0}},
+    ]
+    with pytest.raises(UserError, match=r"takes 4 of this machine's 8 GPUs.*offers rollout workers 8.*--num-gpus=4"):
+        check_learner_gpus(4, nodes, "10.0.0.1", gpus_here=8)
+    nodes[0]["Resources"]["GPU"] = 4.0  # started with --num-gpus=4: the learner keeps the other four
+    check_learner_gpus(4, nodes, "10.0.0.1", gpus_here=8)

@@ -12,10 +12,12 @@ from selfplay.errors import UserError
 PROBE_SECONDS = 5
 
 
-def connect(config: DistributedConfig) -> bool:
+def connect(config: DistributedConfig, learner_gpus: int = 0) -> bool:
     """Join the Ray cluster the config names (`address`, else `RAY_ADDRESS`), or start a local
-    one sized for the workers; then check that the cluster can place them. Returns whether this
-    call started Ray (and so should shut it down)."""
+    one sized for the workers; then check that the cluster can place them. `learner_gpus`: the
+    GPUs this machine's sharded learner takes (its last ones, see `learner_group.group_devices`),
+    which a local Ray does not offer its workers. Returns whether this call started Ray (and so
+    should shut it down)."""
     try:
         import ray
     except ImportError:
@@ -32,7 +34,9 @@ def connect(config: DistributedConfig) -> bool:
             else:
                 # A local instance: as many CPUs as the machine has, or as the workers ask for.
                 cpus = max(os.cpu_count() or 1, config.rollout_workers * config.worker_cpus)
-                ray.init(num_cpus=math.ceil(cpus), include_dashboard=False, log_to_driver=False)
+                # Ray hands out GPUs from 0 up: the first ones, those the learner leaves.
+                gpus = max(0, local_gpus() - learner_gpus) if learner_gpus else None
+                ray.init(num_cpus=math.ceil(cpus), num_gpus=gpus, include_dashboard=False, log_to_driver=False)
         except ConnectionError as err:
             reason = str(err).rstrip(".")
             raise UserError(
@@ -42,6 +46,8 @@ def connect(config: DistributedConfig) -> bool:
             ) from None
     try:
         check_resources(config, ray.nodes())
+        if learner_gpus and not started:
+            check_learner_gpus(learner_gpus, ray.nodes(), ray.util.get_node_ip_address(), local_gpus())
     except UserError:
         if started:
             ray.shutdown()
@@ -58,6 +64,25 @@ def _probe(address: str) -> None:
         socket.create_connection((host, int(port)), timeout=PROBE_SECONDS).close()
     except OSError as err:
         raise ConnectionError(f"nothing answers at {host}:{port} ({err.strerror or err})") from None
+
+
+def local_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def check_learner_gpus(learner_gpus: int, nodes: list[dict], address: str, gpus_here: int) -> None:
+    """Refuse a cluster whose node on this machine offers rollout workers GPUs that the sharded
+    learner takes: Ray cannot know of processes it did not start, and would share them out."""
+    here = [node for node in nodes if node.get("Alive") and node["NodeManagerAddress"] == address]
+    offered = int(sum(node["Resources"].get("GPU", 0.0) for node in here))
+    if offered + learner_gpus > gpus_here:
+        raise UserError(
+            f"The sharded learner takes {learner_gpus} of this machine's {gpus_here} GPUs (learner.processes), but its "
+            f"Ray node offers rollout workers {offered}. Start this node with `ray start ... "
+            f"--num-gpus={max(0, gpus_here - learner_gpus)}`, so that workers get only the GPUs the learner leaves."
+        )
 
 
 def check_resources(config: DistributedConfig, nodes: list[dict]) -> None:

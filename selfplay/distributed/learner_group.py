@@ -40,14 +40,15 @@ class LearnerProcessDied(RuntimeError):
 
 
 def group_devices(processes: int, device: str | None) -> list[str]:
-    """Each process's device: GPUs 0..N-1 when the learner trains on GPUs, else the CPU. Raises
-    UserError when the machine cannot hold that many processes, naming what it lacks."""
+    """Each process's device: the machine's last N GPUs when the learner trains on GPUs (Ray's
+    rollout workers get the first ones: see `cluster.connect`), else the CPU. Raises UserError
+    when the machine cannot hold that many processes, naming what it lacks."""
     kind = torch.device(device).type if device else ("cuda" if torch.cuda.is_available() else "cpu")
     if kind == "cuda":
         if device is not None and torch.device(device).index is not None:
             raise UserError(
-                f"learner.processes={processes} places one process on each of GPUs 0-{processes - 1}: set "
-                "device=cuda (not one GPU), or learner.processes=1."
+                f"learner.processes={processes} places one process on each of this machine's last {processes} GPUs: "
+                "set device=cuda (not one GPU), or learner.processes=1."
             )
         count = torch.cuda.device_count()
         if processes > count:
@@ -55,7 +56,7 @@ def group_devices(processes: int, device: str | None) -> list[str]:
                 f"learner.processes={processes} needs {processes} GPUs, one per process; this machine has {count}. "
                 f"Set learner.processes to at most {count}."
             )
-        return [f"cuda:{rank}" for rank in range(processes)]
+        return [f"cuda:{count - processes + rank}" for rank in range(processes)]
     if kind != "cpu":
         raise UserError(f"learner.processes above 1 runs on GPUs (NCCL) or the CPU (gloo), not on {kind}.")
     cores = os.cpu_count() or 1
