@@ -35,6 +35,8 @@ RUN = [
     "rollout.prompt=view",
     "learner.lr=3e-4",
     "learner.micro_batch_tokens=512",  # several micro-batches a step, shared out between the processes
+    "learner.kl_coef=0.05",  # a sharded reference too,
+    "learner.reference_update_every=2",  # which moves, and so is saved in the checkpoints
 ]
 # What every weight may differ by after STEPS updates on two processes against one: the order of
 # floating-point sums (across processes, and in the prompt prefix one process shares) differs.
@@ -68,20 +70,22 @@ def largest_difference(a: dict, b: dict) -> float:
 
 @pytest.fixture(scope="module")
 def runs(tiny_model_dir, tmp_path_factory):
-    """The same run on one process and, twice, on two."""
+    """The same run on one process and, twice, on two; and on two recomputing activations."""
     root = tmp_path_factory.mktemp("sharded")
     return {
         "one": train(tiny_model_dir, root / "one", 1),
         "two": train(tiny_model_dir, root / "two", 2),
         "two_again": train(tiny_model_dir, root / "two_again", 2),
+        "two_checkpointed": train(tiny_model_dir, root / "checkpointed", 2, ["learner.activation_checkpointing=true"]),
     }
 
 
 def test_two_processes_make_the_update_one_process_makes(runs):
     assert largest_difference(weights(runs["one"]), weights(runs["two"])) < WEIGHT_TOLERANCE
+    assert largest_difference(weights(runs["one"]), weights(runs["two_checkpointed"])) < WEIGHT_TOLERANCE
     one, two = scalars(runs["one"]), scalars(runs["two"])
     assert one.keys() == two.keys()
-    for tag in ("learner/loss", "learner/grad_norm", "learner/entropy", "learner/tokens", "reward/mean"):
+    for tag in ("learner/loss", "learner/grad_norm", "learner/kl", "learner/entropy", "learner/tokens", "reward/mean"):
         assert two[tag] == pytest.approx(one[tag], rel=1e-4, abs=1e-6), tag
 
 
@@ -96,6 +100,7 @@ def test_a_sharded_checkpoint_holds_the_training_state_sharded_and_is_whole(runs
     checkpoint = list_checkpoints(runs["two"])[-1]
     assert (checkpoint / "training_state" / ".metadata").is_file()
     assert not (checkpoint / "optimizer.safetensors").exists()
+    assert not (checkpoint / "reference.safetensors").exists()  # the moved reference is sharded too
     assert checkpoint_problem(checkpoint) is None
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)  # what eval and play load
     assert (
