@@ -37,6 +37,11 @@ class LegalMoveBackend(PolicyBackend):
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
         return Generation(tuple(ids), tuple([-0.5] * len(ids)), text, "stop", self.version)
 
+    def load_state(self, weights, version: int) -> None:
+        for _ in weights:  # read to its end, as every backend reads a stream
+            pass
+        self.version = version
+
     def load_weights(self, path, version: int) -> None:
         self.version = version
 

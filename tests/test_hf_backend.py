@@ -1,3 +1,6 @@
+import re
+
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -134,3 +137,74 @@ def test_a_batch_sharing_its_rules_samples_as_each_prompt_alone(tiny_model_dir):
     assert [g.token_ids for g in together] == [g.token_ids for g in alone]
     for a, b in zip(together, alone):
         assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+
+
+def learner_weights(model_dir, seed: int = 1) -> dict[str, torch.Tensor]:
+    """Perturbed weights of the model, named as a learner streams them: tied embeddings once."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.5)
+    weights = model.state_dict()
+    assert model.config.tie_word_embeddings
+    del weights["lm_head.weight"]
+    return weights
+
+
+def test_a_weights_stream_serves_what_the_same_weights_by_file_serve(tiny_model_dir, tmp_path):
+    weights = learner_weights(tiny_model_dir)
+    by_file, by_stream = HFBackend(str(tiny_model_dir)), HFBackend(str(tiny_model_dir))
+    by_file.load_weights(save_weights(weights, tmp_path / "weights.safetensors"), version=2)
+    by_stream.load_state(iter(weights.items()), version=2)  # read once, as a sharded learner streams
+    prompts = game_prompts(by_stream.tokenizer)
+    sampling = SamplingSettings(max_new_tokens=12, temperature=1.0, seed=5)
+    assert by_stream.generate(prompts, sampling) == by_file.generate(prompts, sampling)
+    assert torch.equal(by_stream.model.lm_head.weight, weights["model.embed_tokens.weight"])  # tied
+    # A bf16 backend takes the float32 stream rounded.
+    rounded = make_backend("hf", str(tiny_model_dir), "bf16")
+    rounded.load_state(weights, version=2)
+    for name, weight in weights.items():
+        assert torch.equal(rounded.model.state_dict()[name], weight.to(torch.bfloat16)), name
+
+
+def test_a_stream_with_a_tensor_missing_unknown_misshapen_or_twice_is_refused_and_the_old_weights_serve(tiny_model_dir):
+    backend = HFBackend(str(tiny_model_dir))
+    backend.load_state(learner_weights(tiny_model_dir, seed=1), version=1)
+    serving = {name: tensor.clone() for name, tensor in backend.model.state_dict().items()}
+    prompts = game_prompts(backend.tokenizer)
+    sampling = SamplingSettings(max_new_tokens=8, seed=2)
+    before = backend.generate(prompts, sampling)
+
+    new = list(learner_weights(tiny_model_dir, seed=2).items())
+    middle = len(new) // 2  # the tensors before it would be in place already if copied as they come
+    name, tensor = new[middle]
+    faults = {
+        "without": (new[:middle] + new[middle + 1 :], rf"ended without 1 of the model's tensors: {re.escape(name)}\."),
+        "unknown": (new[:middle] + [("model.extra.weight", tensor)] + new[middle:], r"'model.extra.weight', a tensor"),
+        "misshapen": (
+            new[:middle] + [(name, tensor[..., :-1])] + new[middle + 1 :],
+            rf"'{name}' the shape \(.*\); the model's is {re.escape(str(tuple(tensor.shape)))}",
+        ),
+        "tied twice": (
+            new + [("lm_head.weight", new[0][1])],
+            r"'lm_head.weight' twice \(as 'model.embed_tokens.weight'",
+        ),
+    }
+    for fault, (stream, message) in faults.items():
+        with pytest.raises(ValueError, match=message):
+            backend.load_state(iter(stream), version=2)
+        assert backend.version == 1, fault
+        for key, value in backend.model.state_dict().items():
+            assert torch.equal(value, serving[key]), (fault, key)
+    assert backend.generate(prompts, sampling) == before
+
+
+def test_a_backend_sharing_the_learners_model_reads_the_stream_through_and_takes_its_version(tiny_model_dir, hf_model):
+    backend = HFBackend(str(tiny_model_dir), model=hf_model)
+    weights = learner_weights(tiny_model_dir)
+    stream = iter(weights.items())
+    backend.load_state(stream, version=4)
+    assert next(stream, None) is None  # a sharded learner's ranks all step through to the end
+    assert backend.version == 4
+    assert not torch.equal(hf_model.model.embed_tokens.weight, weights["model.embed_tokens.weight"])

@@ -2,12 +2,13 @@
 the sampler's log-probabilities, and in-place weight updates.
 
 Starting a vLLM engine takes tens of seconds on CPU, so one engine serves the whole module;
-the weight-update test comes last because it changes that engine's weights.
+the weight-update tests come last because they change that engine's weights.
 """
 
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -17,7 +18,7 @@ import torch  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from selfplay.backends import make_backend  # noqa: E402
+from selfplay.backends import make_backend, vllm_backend  # noqa: E402
 from selfplay.backends.base import SamplingSettings, save_weights  # noqa: E402
 from selfplay.backends.vllm_backend import VLLMBackend  # noqa: E402
 from selfplay.games import make_env  # noqa: E402
@@ -223,11 +224,8 @@ def test_load_weights_serves_the_new_weights(backend, prompts, hf_model, tiny_mo
     model = perturbed(hf_model)
     # The Hugging Face checkpoint format: with tied embeddings, lm_head.weight is
     # embed_tokens.weight and is not stored (safetensors refuses shared tensors anyway).
-    state = {k: v.contiguous() for k, v in model.state_dict().items()}
-    if model.config.tie_word_embeddings:
-        state.pop("lm_head.weight")
     path = tmp_path / "perturbed.safetensors"
-    save_file(state, str(path))
+    save_file(learner_state(model), str(path))
 
     with pytest.raises(FileNotFoundError):
         backend.load_weights(tmp_path / "missing.safetensors", version=9)
@@ -263,6 +261,40 @@ def test_load_weights_serves_the_new_weights(backend, prompts, hf_model, tiny_mo
     assert all(g.policy_version == 3 for g in backend.generate(prompts[:2], greedy))
 
 
+def test_load_state_serves_what_the_same_weights_by_file_serve(backend, prompts, hf_model, tmp_path, monkeypatch):
+    """After the file test: a learner's stream (tied embeddings once) reaches the engine in
+    buckets; streams it must refuse leave the engine serving what it served."""
+    monkeypatch.setattr(vllm_backend, "WEIGHT_BUCKET_BYTES", 1 << 20)  # many buckets, as a large model sends
+    model = perturbed(hf_model, scale=0.1)
+    weights = learner_state(model)
+    backend.load_state(iter(weights.items()), version=4)  # read once, as a sharded learner streams
+    assert backend.version == 4
+    # The tied output layer took the new embeddings too: log-probabilities follow the new model.
+    assert max_logprob_gap(backend, model, prompts) < LOGPROB_TOLERANCE
+    sampling = SamplingSettings(max_new_tokens=24, temperature=1.0, seed=5)
+    by_stream = backend.generate(prompts, sampling)
+    assert all(g.policy_version == 4 for g in by_stream)
+
+    other = list(learner_state(perturbed(hf_model, scale=0.2)).items())
+    middle = len(other) // 2
+    name, tensor = other[middle]
+    refused = {
+        "ended without 1 of the model's tensors": other[:middle] + other[middle + 1 :],
+        "'model.extra.weight', a tensor the model does not have": [*other[:middle], ("model.extra.weight", tensor)],
+        f"'{name}' the shape": [*other[:middle], (name, tensor[..., :-1])],
+    }
+    for message, stream in refused.items():
+        with pytest.raises(ValueError, match=re.escape(message)):
+            backend.load_state(iter(stream), version=5)
+        assert backend.version == 4
+    assert backend.generate(prompts, sampling) == by_stream
+    # Nothing of a refused stream waits in the worker for the next one.
+    assert backend.llm.collective_rpc("selfplay_stage_weights", args=([], b"")) == [0]
+
+    backend.load_weights(save_weights(weights, tmp_path / "learner.safetensors"), version=4)
+    assert backend.generate(prompts, sampling) == by_stream
+
+
 def test_a_second_bf16_engine_serves_the_learners_fp32_weights_and_close_releases_it(
     tiny_model_dir, prompts, hf_model, tmp_path
 ):
@@ -275,12 +307,11 @@ def test_a_second_bf16_engine_serves_the_learners_fp32_weights_and_close_release
     assert started  # the engine runs in processes of its own
     try:
         model = perturbed(hf_model)
-        engine.load_weights(save_weights(model, tmp_path / "learner.safetensors"), version=1)
-        rounded = perturbed(model, scale=0.0)
-        with torch.no_grad():
-            for param in rounded.parameters():
-                param.copy_(param.to(torch.bfloat16))
-        served, replaced = max_logprob_gap(engine, rounded, prompts), max_logprob_gap(engine, hf_model, prompts)
+        engine.load_state(learner_state(model), version=1)
+        served, replaced = max_logprob_gap(engine, rounded(model), prompts), max_logprob_gap(engine, hf_model, prompts)
+        assert served < BF16_LOGPROB_TOLERANCE < replaced
+        engine.load_weights(save_weights(hf_model, tmp_path / "original.safetensors"), version=2)
+        served, replaced = max_logprob_gap(engine, rounded(hf_model), prompts), max_logprob_gap(engine, model, prompts)
         assert served < BF16_LOGPROB_TOLERANCE < replaced
     finally:
         engine.close()
@@ -299,6 +330,23 @@ def perturbed(model, scale: float = 0.05):
         for param in copy.parameters():
             param.add_(torch.randn_like(param) * scale)
     return copy
+
+
+def rounded(model):
+    """A float32 copy of `model` with its weights rounded to bf16, as a bf16 engine holds them."""
+    copy = perturbed(model, scale=0.0)
+    with torch.no_grad():
+        for param in copy.parameters():
+            param.copy_(param.to(torch.bfloat16))
+    return copy
+
+
+def learner_state(model) -> dict[str, torch.Tensor]:
+    """`model`'s weights as a learner streams them: tied embeddings once."""
+    state = dict(model.state_dict())
+    if model.config.tie_word_embeddings:
+        del state["lm_head.weight"]
+    return state
 
 
 def max_logprob_gap(backend, model, prompts) -> float:

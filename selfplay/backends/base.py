@@ -2,20 +2,35 @@
 and in-place weight updates.
 
 Prompts go in as token ids, so that the exact ids the sampler saw are the ids the learner
-trains on. Weights come in as a safetensors file, so a backend in another process (or on
-another machine with a shared filesystem) loads them without pickling tensors.
+trains on. Weights come in as a stream of (name, tensor) pairs under the base model's Hugging
+Face names (`load_state`: a learner's weights, never whole on one device nor written to a file
+on the way), or as a safetensors file (`load_weights`: a league snapshot).
 """
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import torch
+
 from selfplay.files import published
 from selfplay.legal_decoding import Choices
+
+# A model's weights under its Hugging Face names: (name, tensor) pairs, or a mapping of them.
+Weights = Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor]
+Layout = list[tuple[str, str, tuple[int, ...]]]  # a packed bucket's tensors: name, dtype, shape, in order
+# The most bytes of a weights stream sent as one piece: few enough pieces for a large model (a
+# 7B model in bf16 is about 60), and small beside the memory of the machines that send them.
+WEIGHT_BUCKET_BYTES = 256 << 20
+# Each packed tensor starts at a multiple of this many bytes, so that it can be viewed in place
+# as any dtype.
+PACKED_ALIGNMENT = 16
 
 
 @dataclass(frozen=True)
@@ -71,6 +86,18 @@ class PolicyBackend(ABC):
         return None
 
     @abstractmethod
+    def load_state(self, weights: Weights, version: int) -> None:
+        """Serve `weights` from now on, as `version`: (name, tensor) pairs under the base model's
+        Hugging Face names, each of the model's tensors once (tied embeddings under one name).
+
+        The stream is read once, in order and to its end: each tensor may come from a
+        collective that every rank of a sharded learner takes part in. No more than a bucket
+        of it (WEIGHT_BUCKET_BYTES) stays on the device that made it; the rest waits in host
+        memory until the stream is whole, and then the backend takes all of it at once. A
+        stream that breaks off, or that `checked_weights` refuses, leaves the previous weights
+        serving."""
+
+    @abstractmethod
     def load_weights(self, path: Path, version: int) -> None:
         """Serve the weights in the safetensors file `path` from now on, as `version`."""
 
@@ -108,3 +135,86 @@ def save_weights(weights, path: Path) -> Path:
         else:
             save_model(weights, str(partial))
     return Path(path)
+
+
+def _weight_pairs(weights: Weights) -> Iterable[tuple[str, torch.Tensor]]:
+    """`weights` as (name, tensor) pairs: a mapping's items, or the pairs themselves."""
+    return weights.items() if isinstance(weights, Mapping) else weights
+
+
+def checked_weights(model: torch.nn.Module, weights: Weights) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
+    """Each (name, tensor) of `weights` with the tensor of `model` it replaces (a parameter or a
+    persistent buffer; a model on the meta device will do), checked as it comes. A name the
+    model lacks, a shape not the model's, a tensor given twice (tied names are one tensor), or a
+    stream that ends without one of the model's tensors raises ValueError naming it."""
+    targets = model.state_dict(keep_vars=True)
+    names: dict[int, list[str]] = defaultdict(list)  # each distinct tensor's names (several if tied)
+    for name, target in targets.items():
+        names[id(target)].append(name)
+    given: dict[int, str] = {}  # each tensor given so far -> the name it came under
+    for name, tensor in _weight_pairs(weights):
+        target = targets.get(name)
+        if target is None:
+            raise ValueError(f"The weights give '{name}', a tensor the model does not have.")
+        if tensor.shape != target.shape:
+            raise ValueError(
+                f"The weights give '{name}' the shape {tuple(tensor.shape)}; the model's is {tuple(target.shape)}."
+            )
+        if id(target) in given:
+            earlier = given[id(target)]
+            tied = "" if earlier == name else f" (as '{earlier}', which is tied to it)"
+            raise ValueError(f"The weights give '{name}' twice{tied}: give each tensor once.")
+        given[id(target)] = name
+        yield name, tensor, target
+    missing = [tensor_names[0] for key, tensor_names in names.items() if key not in given]
+    if missing:
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise ValueError(
+            f"The weights ended without {len(missing)} of the model's tensors: {', '.join(missing[:5])}{more}."
+        )
+
+
+def weight_buckets(weights: Weights, max_bytes: int = WEIGHT_BUCKET_BYTES) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """`weights` in order, in consecutive buckets of at most `max_bytes` (a larger tensor alone)."""
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in _weight_pairs(weights):
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and size + nbytes > max_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+def packed(bucket: list[tuple[str, torch.Tensor]], device: torch.device | str = "cpu") -> tuple[Layout, torch.Tensor]:
+    """`bucket` as its layout and one flat uint8 tensor on `device` holding the tensors' bytes
+    end to end (one copy): what crosses processes, without pickling a tensor each. Packed
+    buckets end to end are the packing of them all."""
+    layout = [(name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape)) for name, tensor in bucket]
+    spans, size = _spans(layout)
+    flat = torch.empty(size, dtype=torch.uint8, device=device)
+    for (start, length), (_, tensor) in zip(spans, bucket):
+        flat[start : start + length] = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+    return layout, flat
+
+
+def unpacked(layout: Layout, flat: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """The tensors `packed` laid out in `flat`, as views of it (no copy)."""
+    spans, _ = _spans(layout)
+    return [
+        (name, flat[start : start + length].view(getattr(torch, dtype)).view(shape))
+        for (name, dtype, shape), (start, length) in zip(layout, spans)
+    ]
+
+
+def _spans(layout: Layout) -> tuple[list[tuple[int, int]], int]:
+    """Where each tensor of `layout` lies in its packed bytes (start, length), and their size."""
+    spans, end = [], 0
+    for _, dtype, shape in layout:
+        length = math.prod(shape) * getattr(torch, dtype).itemsize
+        spans.append((end, length))
+        end += -(-length // PACKED_ALIGNMENT) * PACKED_ALIGNMENT
+    return spans, end

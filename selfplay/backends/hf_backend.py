@@ -10,10 +10,10 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_model
+from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from selfplay.backends.base import Generation, PolicyBackend, SamplingSettings, cut_at_stop
+from selfplay.backends.base import Generation, PolicyBackend, SamplingSettings, Weights, checked_weights, cut_at_stop
 from selfplay.legal_decoding import Choices, legal_decode, masked_log_softmax
 from selfplay.scoring import pick_device, response_hidden
 
@@ -67,11 +67,11 @@ class HFBackend(PolicyBackend):
     """Batched sampling with `model.generate`; prompts are sorted by length and left-padded.
 
     Given `model` (a learner's own, in memory), the backend generates with it instead of a
-    copy: its weights are always the learner's current ones, so `load_weights` only records
+    copy: its weights are always the learner's current ones, so loading weights only records
     the version. A league's LoRA exploiters generate this way, at the cost of no extra weights.
 
-    A `frozen` backend (a league snapshot, whose weights change only by `load_weights`) meets
-    the same game states step after step: under legal decoding it keeps the model's final
+    A `frozen` backend (a league snapshot, whose weights change only when it loads others)
+    meets the same game states step after step: under legal decoding it keeps the model's final
     hidden state after each context it has run, and runs only contexts it has not seen.
     """
 
@@ -223,9 +223,25 @@ class HFBackend(PolicyBackend):
             rows.append(self.states[key])
         return torch.stack(rows)
 
-    def load_weights(self, path: Path, version: int) -> None:
-        if not self.shares_model:
-            load_model(self.model, str(path), device=self.device)
+    def load_state(self, weights: Weights, version: int) -> None:
+        """Each tensor is cast to the model's dtype and kept in host memory until the stream is
+        whole and checked, then copied into the model's own tensor of that name (a tied output
+        layer shares the embedding's)."""
+        if self.shares_model:
+            for _ in weights:  # read through all the same: its producer may be a collective
+                pass
+        else:
+            staged = [
+                (target, tensor.detach().to("cpu", target.dtype))
+                for _, tensor, target in checked_weights(self.model, weights)
+            ]
+            with torch.no_grad():
+                for target, tensor in staged:
+                    target.copy_(tensor)
         if self.states is not None:
             self.states.clear()
         self.version = version
+
+    def load_weights(self, path: Path, version: int) -> None:
+        with safe_open(str(path), framework="pt", device="cpu") as weights:
+            self.load_state(((name, weights.get_tensor(name)) for name in weights.keys()), version)

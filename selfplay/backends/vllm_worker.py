@@ -9,26 +9,30 @@ because vLLM refuses an extension whose attributes clash with the worker's own.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 
 
-def _safetensors_weights(path: str, aliases: dict[str, list[str]]) -> Iterator[tuple[str, object]]:
-    """(name, tensor) for every tensor in the file, in the checkpoint's own naming, then the
-    same tensor again under each name tied to it (`aliases`) that the file leaves out."""
+def _file_weights(path: str) -> Iterator[tuple[str, object]]:
+    """(name, tensor) for every tensor in the safetensors file, in the checkpoint's own naming."""
     from safetensors import safe_open
 
     with safe_open(path, framework="pt", device="cpu") as f:
-        names = list(f.keys())
-        present = set(names)
-        extra = []
-        for name in names:
-            tensor = f.get_tensor(name)
-            yield name, tensor
-            extra.extend((alias, tensor) for alias in aliases.get(name, ()) if alias not in present)
-        # After the rest: vLLM's loader groups weights by their first name component.
-        yield from extra
+        for name in f.keys():
+            yield name, f.get_tensor(name)
+
+
+def _with_tied_aliases(weights: Iterable[tuple[str, object]], aliases: dict[str, list[str]]):
+    """`weights`, then each tensor again under each name tied to it (`aliases`) that the
+    weights left out."""
+    given, tied = set(), []
+    for name, tensor in weights:
+        given.add(name)
+        tied.extend((alias, tensor) for alias in aliases.get(name, ()))
+        yield name, tensor
+    # After the rest: vLLM's loader groups weights by their first name component.
+    yield from ((alias, tensor) for alias, tensor in tied if alias not in given)
 
 
 def _tied_parameters(model) -> dict[str, list[str]]:
@@ -48,7 +52,41 @@ class SelfplayWorkerExtension:
     """Mixed into vLLM's worker class; `self` is the worker, which owns `model_runner`."""
 
     def selfplay_reload_weights(self, path: str) -> int:
-        """Load the safetensors checkpoint at `path` into the running model, in place.
+        """Load the safetensors checkpoint at `path` into the running model, in place; returns
+        how many tensors were fed (see `_selfplay_reload`)."""
+        return self._selfplay_reload(_file_weights(path))
+
+    def selfplay_stage_weights(self, layout: list, data: bytes) -> int:
+        """Keep the next piece of a packed weights stream (`selfplay.backends.base.packed`) for
+        `selfplay_load_staged_weights`: `layout`, the next tensors' names, dtypes and shapes
+        (empty when an earlier piece gave them), and `data`, the stream's next bytes. Returns
+        how many bytes wait.
+
+        The stream waits whole rather than being reloaded piece by piece: a reload processes
+        each layer once all its tensors have come, and a layer that gets only some of them in
+        one reload (a fused q/k/v projection split between two pieces) is left with memory
+        that was never written."""
+        staged_layout, staged_data = self.__dict__.setdefault("_selfplay_staged", ([], bytearray()))
+        staged_layout.extend((name, dtype, tuple(shape)) for name, dtype, shape in layout)
+        staged_data += data
+        return len(staged_data)
+
+    def selfplay_load_staged_weights(self) -> int:
+        """Load the staged stream into the running model, in place; returns how many tensors
+        were fed."""
+        import torch
+
+        from selfplay.backends.base import unpacked
+
+        layout, data = self.__dict__.pop("_selfplay_staged", ([], bytearray()))
+        return self._selfplay_reload(unpacked(layout, torch.frombuffer(data, dtype=torch.uint8)))
+
+    def selfplay_drop_staged_weights(self) -> None:
+        """Forget a stream that will not be loaded (it broke off, or was refused)."""
+        self.__dict__.pop("_selfplay_staged", None)
+
+    def _selfplay_reload(self, weights: Iterable[tuple[str, object]]) -> int:
+        """Reload the running model from `weights` (the checkpoint's naming), in place.
 
         `model_runner.reload_weights` runs the model's own checkpoint loader (name mapping,
         fused q/k/v and gate/up projections) layer by layer, then the same post-load
@@ -68,7 +106,7 @@ class SelfplayWorkerExtension:
 
         def counted() -> Iterator[tuple[str, object]]:
             nonlocal count
-            for item in _safetensors_weights(path, aliases):
+            for item in _with_tied_aliases(weights, aliases):
                 count += 1
                 yield item
 
