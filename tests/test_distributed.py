@@ -1,5 +1,5 @@
-"""Rollouts in Ray actors: the same records as a run without Ray, weights by object store and by
-broadcast, bounded staleness, and workers that die mid-step (killed, or their node removed).
+"""Rollouts in Ray actors: the same records as a run without Ray, streamed weights by object store
+and by broadcast, bounded staleness, and workers that die mid-step (killed, or their node removed).
 
 Every run here is a league (snapshots, a main and a league exploiter, a scripted agent), so
 that learning players, snapshots and scripted seats all reach the workers.
@@ -17,13 +17,18 @@ import torch
 
 ray = pytest.importorskip("ray")
 
+from selfplay.backends import SamplingSettings, save_weights  # noqa: E402
 from selfplay.config import DistributedConfig, load_config  # noqa: E402
+from selfplay.distributed import weight_sync, worker_pool  # noqa: E402
 from selfplay.distributed.cluster import check_resources, connect  # noqa: E402
-from selfplay.distributed.worker_pool import WorkerKeepsFailing  # noqa: E402
+from selfplay.distributed.rollout_worker import RolloutWorker  # noqa: E402
+from selfplay.distributed.worker_pool import RolloutWorkers, WorkerKeepsFailing  # noqa: E402
 from selfplay.errors import UserError  # noqa: E402
 from selfplay.league.store import LeagueStore  # noqa: E402
+from selfplay.rollouts import MatchSpec, RolloutSettings  # noqa: E402
 from selfplay.run_dir import RunDir  # noqa: E402
 from selfplay.train import Trainer  # noqa: E402
+from tests.test_hf_backend import learner_weights  # noqa: E402
 from tests.test_league import LEAGUE  # noqa: E402
 
 GAMES_PER_STEP = 6
@@ -109,6 +114,49 @@ def test_ray_missing_unreachable_or_too_small_is_one_clear_error(monkeypatch):
     check_resources(DistributedConfig(rollout_workers=4, worker_cpus=0.5), nodes)
     with pytest.raises(UserError, match="distributed.rollout_workers to 1 or more"):
         load_config(None, ["distributed.max_staleness=1"])
+
+
+class InspectedWorker(RolloutWorker):
+    """A rollout worker that also hands over the weights it serves."""
+
+    def served(self, name: str) -> dict[str, torch.Tensor]:
+        backend = self.policies.get(name) or self.snapshots[name]
+        return {key: tensor.clone() for key, tensor in backend.model.state_dict().items()}
+
+
+@pytest.mark.parametrize("sync", ["object_store", "collective"])
+def test_workers_serve_a_streamed_policy_and_a_snapshot_by_either_path(
+    tiny_model_dir, tmp_path, local_ray, monkeypatch, sync
+):
+    monkeypatch.setattr(worker_pool, "RolloutWorker", InspectedWorker)
+    monkeypatch.setattr(weight_sync, "WEIGHT_BUCKET_BYTES", 1 << 20)  # many buckets, as a large model sends
+    policy, snapshot = learner_weights(tiny_model_dir, seed=1), learner_weights(tiny_model_dir, seed=2)
+    workers = RolloutWorkers(
+        DistributedConfig(rollout_workers=1, weight_sync=sync),
+        str(tiny_model_dir),
+        "hf",
+        "fp32",
+        RolloutSettings(),
+        learner_device=torch.device("cpu"),
+        current_weights=lambda name: policy,
+        device="cpu",
+    )
+    try:
+        workers.publish("main", iter(policy.items()), version=1)  # read once, as a sharded learner streams
+        weight_bytes = sum(tensor.numel() * tensor.element_size() for tensor in policy.values())
+        assert weight_bytes <= workers.take_published_bytes() < 1.01 * weight_bytes
+        assert workers.take_published_bytes() == 0
+        workers.add_snapshot("main@0", save_weights(snapshot, tmp_path / "snapshot.safetensors"), version=0)
+        match = MatchSpec("kuhn_poker", ("main", "main@0"), seed=0, owner="main")
+        workers.submit(1, [match], SamplingSettings(max_new_tokens=8), ["main"])
+        assert workers.collect(1).versions == {"main": 1, "main@0": 0}
+        for name, weights in (("main", policy), ("main@0", snapshot)):
+            served = ray.get(workers.workers[0].served.remote(name))
+            for key, tensor in weights.items():
+                assert torch.equal(served[key], tensor), (name, key)
+            assert torch.equal(served["lm_head.weight"], weights["model.embed_tokens.weight"])  # tied
+    finally:
+        workers.close()
 
 
 @pytest.fixture

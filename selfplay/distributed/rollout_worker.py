@@ -11,17 +11,15 @@ one policy version.
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import ray
 import torch
 from transformers.utils import logging as transformers_logging
 
 from selfplay.backends import PolicyBackend, SamplingSettings, make_backend
-from selfplay.distributed.weight_sync import WeightReceiver
+from selfplay.distributed.weight_sync import WeightReceiver, stored_weights
 from selfplay.games import TextGame, make_game
 from selfplay.records import Trajectory
 from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
@@ -48,8 +46,7 @@ class RolloutWorker:
         self.policies: dict[str, PolicyBackend] = {}  # learning players, by name
         self.snapshots: dict[str, PolicyBackend] = {}  # frozen league players, by name
         self.games: dict[str, TextGame] = {}  # one instance per game spec, asked for its figures
-        self.files = Path(tempfile.mkdtemp(prefix="selfplay-worker-"))
-        self.receiver = WeightReceiver(self.files)
+        self.receiver = WeightReceiver()
 
     def where(self) -> tuple[str, int]:
         """The Ray node and the process this worker runs in; answering also says it has started."""
@@ -66,22 +63,27 @@ class RolloutWorker:
     def _on_device(self) -> dict:
         return {"device": self.device} if self.backend_kind == "hf" else {}
 
-    def load_policy(self, name: str, weights: bytes, version: int) -> float:
-        """Serve `weights` (safetensors bytes) as the learning player `name`'s `version`;
-        returns the seconds it took."""
+    def load_policy(self, name: str, weights: list[ray.ObjectRef], version: int) -> float:
+        """Serve the weights `put_weights` stored under the references `weights` as the learning
+        player `name`'s `version`; returns the seconds it took."""
         started = time.perf_counter()
-        self._policy(name).load_weights(self.receiver.from_bytes(name, weights), version)
+        self._policy(name).load_state(stored_weights(weights), version)
         return time.perf_counter() - started
 
     def join_weight_group(self, address: str, port: int, prefix: str, rank: int, world_size: int) -> None:
         """Join the trainer's process group for broadcast weights (see `CollectiveSync`)."""
         self.receiver.join(address, port, prefix, rank, world_size, self._receive_device())
 
-    def receive_policy(self, name: str, version: int, described: tuple) -> float:
+    def receive_policy(self, name: str, version: int) -> float:
         """Take part in the trainer's broadcast of `name`'s `version` and serve it; returns the
         seconds it took."""
         started = time.perf_counter()
-        self._policy(name).load_weights(self.receiver.broadcast_file(name, described), version)
+        weights = self.receiver.broadcast_weights()
+        try:
+            self._policy(name).load_state(weights, version)
+        finally:
+            for _ in weights:  # the rest of a stream the backend refused: the trainer's send then ends
+                pass
         return time.perf_counter() - started
 
     def _receive_device(self) -> torch.device:
@@ -98,7 +100,7 @@ class RolloutWorker:
         retired: list[str],
     ) -> tuple[list[Trajectory], dict[str, dict[str, float]], float]:
         """Play `matches` with the learning players at `versions` and the league `snapshots`
-        (name -> ([weights reference], version)); unload the `retired` snapshots first.
+        (name -> (weights references, version)); unload the `retired` snapshots first.
         Returns the trajectories in the order the games ended, each game's own figures, and
         the seconds the games took."""
         started = time.perf_counter()
@@ -110,10 +112,10 @@ class RolloutWorker:
             served = self._policy(name).version
             if served != version:  # the trainer sends every version before the games that use it
                 raise RuntimeError(f"worker serves {name} version {served}, the games need version {version}")
-        for name, (reference, version) in snapshots.items():
+        for name, (references, version) in snapshots.items():
             if name not in self.snapshots:
                 backend = make_backend("hf", self.model_path, self.precision, device=self.device, frozen=True)
-                backend.load_weights(self.receiver.from_bytes(name, ray.get(reference[0])), version)
+                backend.load_state(stored_weights(references), version)
                 self.snapshots[name] = backend
         seated = {label: label for match in matches for label in match.players}  # scripted agents by spec
         seated.update({name: self.policies[name] for name in versions})
@@ -128,4 +130,3 @@ class RolloutWorker:
     def close(self) -> None:
         for backend in [*self.policies.values(), *self.snapshots.values()]:
             backend.close()
-        self.receiver.close()

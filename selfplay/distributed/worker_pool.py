@@ -27,8 +27,10 @@ from pathlib import Path
 import numpy as np
 import ray
 import torch
+from safetensors import safe_open
 
 from selfplay.backends import SamplingSettings
+from selfplay.backends.base import Weights
 from selfplay.config import DistributedConfig
 from selfplay.distributed.rollout_worker import RolloutWorker
 from selfplay.distributed.weight_sync import CollectiveSync, put_weights
@@ -54,7 +56,7 @@ class _Share:
     matches: list[MatchSpec]
     sampling: SamplingSettings
     versions: dict[str, int]
-    snapshots: dict[str, tuple[list, int]]  # name -> ([weights reference], version), kept for a replay
+    snapshots: dict[str, tuple[list, int]]  # name -> (weights references, version), kept for a replay
     result: object = None
     failures: int = 0
 
@@ -81,7 +83,7 @@ class RolloutWorkers:
         settings: RolloutSettings,
         *,
         learner_device: torch.device,
-        current_weights: Callable[[str], dict[str, torch.Tensor]],
+        current_weights: Callable[[str], Weights],
         device: str | None = None,
     ):
         self.config = config
@@ -98,9 +100,9 @@ class RolloutWorkers:
         self.collective = CollectiveSync(learner_device) if config.weight_sync == "collective" else None
         if self.collective is not None:
             self.collective.connect(self.workers)
-        self.weights: dict[tuple[str, int], object] = {}  # (player, version) -> object store reference
+        self.weights: dict[tuple[str, int], list] = {}  # (player, version) -> object store references
         self.current: dict[str, int] = {}  # each learning player's newest version
-        self.snapshot_refs: dict[str, tuple[object, int]] = {}  # snapshot -> (reference, version)
+        self.snapshot_refs: dict[str, tuple[list, int]] = {}  # snapshot -> (references, version)
         self.retired: list[list[str]] = [[] for _ in self.workers]  # per worker, to unload with its next share
         self.loaded: list[dict[str, int]] = [{} for _ in self.workers]  # per worker, versions sent to it
         self.loads: list[list] = [[] for _ in self.workers]  # per worker, pending load calls
@@ -122,8 +124,9 @@ class RolloutWorkers:
 
     # -- weights -------------------------------------------------------------------------------
 
-    def publish(self, name: str, weights: dict[str, torch.Tensor], version: int) -> None:
-        """Make `weights` the learning player `name`'s `version`, the one later shares play."""
+    def publish(self, name: str, weights: Weights, version: int) -> None:
+        """Make `weights` (a stream of (name, tensor), read once to its end) the learning player
+        `name`'s `version`, the one later shares play."""
         if self.collective is not None:
             loads, sent = self.collective.broadcast(name, version, weights, self.workers)
             for index, load in enumerate(loads):
@@ -147,8 +150,11 @@ class RolloutWorkers:
         self.loaded[index][name] = version
 
     def add_snapshot(self, name: str, weights: Path, version: int) -> None:
+        """Make the league snapshot `name` (its safetensors file `weights`) available to workers."""
         if name not in self.snapshot_refs:
-            self.snapshot_refs[name] = (ray.put(weights.read_bytes()), version)
+            with safe_open(str(weights), framework="pt") as file:
+                references, _ = put_weights((key, file.get_tensor(key)) for key in file.keys())
+            self.snapshot_refs[name] = (references, version)
 
     def retire(self, names: list[str]) -> None:
         for name in names:
@@ -169,9 +175,7 @@ class RolloutWorkers:
                 [matches[position] for position in part],
                 sampling,
                 versions={name: self.current.get(name, 0) for name in learning if name in seated},
-                snapshots={
-                    name: ([ref], version) for name, (ref, version) in self.snapshot_refs.items() if name in seated
-                },
+                snapshots={name: snapshot for name, snapshot in self.snapshot_refs.items() if name in seated},
             )
             self._dispatch(share)
             shares.append(share)
