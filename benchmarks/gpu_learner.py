@@ -85,7 +85,9 @@ def main() -> None:
         events.Reload()
         times = {part: [event.value for event in events.Scalars(part)][1:] for part in PARTS}  # step 1 compiles
     step = statistics.mean(sum(values) for values in zip(*times.values()))
-    print(f"model {args.model}, {args.processes} learner processes on {torch.cuda.device_count()} GPUs, {args.precision}")
+    print(
+        f"model {args.model}, {args.processes} learner processes on {torch.cuda.device_count()} GPUs, {args.precision}"
+    )
     print(f"step {step:.2f} s: " + ", ".join(f"{p.split('/')[1]} {statistics.mean(v):.2f} s" for p, v in times.items()))
     print(f"weight sync: {statistics.mean(times['time/sync_s']) / step:.1%} of a step")
     for index, used in sorted(memory.peaks.items()):

@@ -249,7 +249,7 @@ class DistributedConfig:
     # Policy versions a sample may lag the learner: 0 is on-policy; k >= 1 lets workers play the
     # next k steps while the learner updates, corrected by truncated importance sampling.
     max_staleness: int = 0
-    # How new weights reach the workers: safetensors bytes through Ray's object store, or a
+    # How new weights reach the workers, in packed buckets: through Ray's object store, or
     # broadcast from the trainer over a gloo (CPU) or NCCL (GPU) process group.
     weight_sync: Literal["object_store", "collective"] = "object_store"
     max_worker_failures: AtLeastOne = 3  # times one step's games are replayed on a new worker before the run stops

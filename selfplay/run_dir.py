@@ -8,7 +8,6 @@ for each part of selfplay that writes or reads it.
       checkpoints/step-NNNNNN/                   the checkpoints (their contents: `selfplay.checkpoint`)
       league.sqlite                              the league's store, beside SQLite's -wal and -shm files
       league/snapshots/PLAYER@STEP.safetensors   the weights of the league's frozen snapshots
-      sync/PLAYER.safetensors                    each learning player's latest weights, for its backend
       tensorboard/                               the metrics
       eval.jsonl                                 each evaluation of the policy (`selfplay.evaluation.training_curve`)
       learning_curve.png                         those evaluations by step
@@ -66,10 +65,6 @@ class RunDir:
     def snapshot(self, name: str) -> Path:
         """The weights of the league snapshot `name`."""
         return self.path / "league" / "snapshots" / f"{name}.safetensors"
-
-    def sync(self, player: str) -> Path:
-        """The weights the learning player `player` last sent its generation backend."""
-        return self.path / "sync" / f"{player}.safetensors"
 
     @property
     def tensorboard(self) -> Path:

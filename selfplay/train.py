@@ -22,20 +22,20 @@ import math
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 import yaml
-from safetensors.torch import load_model
 from tqdm import tqdm
 from transformers.utils import logging as transformers_logging
 
 from selfplay.advantages import advantage_stats, estimate
 from selfplay.agents import make_agent
 from selfplay.backends import PRECISIONS, PolicyBackend, make_backend
+from selfplay.backends.base import checked_weights
 from selfplay.checkpoint import (
     checkpoint_step,
     exploiter_checkpoint,
@@ -142,6 +142,18 @@ def check_device(device: str | None) -> None:
     count = backend.device_count()
     if kind.type != "cpu" and kind.index is not None and kind.index >= count:
         raise UserError(f"Bad value for 'device': {device}, but this machine has {count} {kind.type} devices.")
+
+
+def vllm_shares_learner_gpu(config: TrainConfig) -> bool:
+    """Whether the main player's vLLM engine (on the trainer's GPU, cuda:0) shares that GPU with
+    its learner: a one-process learner there, or a sharded one on every GPU of the machine."""
+    if config.backend != "vllm" or not torch.cuda.is_available():
+        return False
+    learner = config.learner
+    if learner.processes > 1:
+        return learner.processes == torch.cuda.device_count()
+    device = torch.device(pick_device(config.device))
+    return device.type == "cuda" and device.index in (None, 0)
 
 
 def eval_pairings(config: TrainConfig) -> dict[str, list[str]]:
@@ -312,10 +324,14 @@ class Trainer:
         else:
             learner = Learner(self.model_path, learner_config, shared_base=shared_base, **settings)
         # The rollout workers generate for a distributed run: the trainer's backend only evaluates.
-        if (shared_base is not None and config.backend == "hf") or self.workers is not None:
+        sharded = learner_config.processes > 1
+        if (shared_base is not None and config.backend == "hf") or (self.workers is not None and not sharded):
             backend = make_backend("hf", str(self.model_path), device=learner.device, model=learner.model)
+        elif self.workers is not None:  # a sharded learner has no whole model to share: a copy it streams into
+            backend = make_backend("hf", str(self.model_path), config.backend_precision, device=learner.device)
         else:
-            backend = make_backend(config.backend, str(self.model_path), config.backend_precision)
+            colocated = {"sleep_while_learning": True} if name == MAIN and vllm_shares_learner_gpu(config) else {}
+            backend = make_backend(config.backend, str(self.model_path), config.backend_precision, **colocated)
         player = LearningPlayer(name, learner, backend)
         if checkpoint is not None:
             self._sync(player)
@@ -348,26 +364,19 @@ class Trainer:
             device=config.device,
         )
 
-    def _backend_weights(self, player: LearningPlayer) -> dict[str, torch.Tensor]:
-        return player.learner.backend_weights(PRECISIONS[self.config.backend_precision])
+    def _backend_weights(self, player: LearningPlayer) -> Iterator[tuple[str, torch.Tensor]]:
+        """The learner's weights as its backends take them: streamed, in the backends' precision."""
+        return player.learner.policy_weights(PRECISIONS[self.config.backend_precision])
 
     def _sync(self, player: LearningPlayer) -> None:
         """The learner's current weights to its backend (and the rollout workers), as this
-        step's version."""
+        step's version, streamed: no file, and no whole model gathered by a sharded learner."""
         if self.workers is not None:
             self.workers.publish(player.name, self._backend_weights(player), self.step)
         if player.backend.shares_model:
             player.backend.version = self.step
         else:
-            weights = player.learner.export_weights(
-                self._sync_path(player.name), PRECISIONS[self.config.backend_precision]
-            )
-            player.backend.load_weights(weights, version=self.step)
-
-    def _sync_path(self, name: str) -> Path:
-        path = RunDir(self.run_dir).sync(name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return path
+            player.backend.load_state(self._backend_weights(player), version=self.step)
 
     def _exploiter_config(self):
         learner, league = self.config.learner, self.config.league
@@ -574,6 +583,8 @@ class Trainer:
         generated = time.perf_counter()
 
         sync_s = 0.0
+        for player in self.players.values():  # a vLLM engine on the learner's GPU sleeps until its sync
+            player.backend.release_memory()
         for name, player in self.players.items():
             owned = [t for t in trajectories if t.result.owner == name]
             learned = [learner_view(t, name) for t in owned]
@@ -669,8 +680,10 @@ class Trainer:
             self.players[name].backend.close()
             self.players[name] = self._learning_player(name, self._exploiter_config(), None, exploiter=True)
             if self.config.league.exploiter_init == "main":
-                main_weights = self.players[MAIN].learner.export_weights(self._sync_path(name))
-                load_model(self.players[name].learner.model, str(main_weights))
+                restarted = self.players[name].learner.model
+                with torch.no_grad():
+                    for _, tensor, target in checked_weights(restarted, self.players[MAIN].learner.policy_weights()):
+                        target.copy_(tensor)
             self._sync(self.players[name])
         if self.workers is not None:
             self.workers.retire(changes.retired)

@@ -20,7 +20,6 @@ def test_the_layout_of_a_run_directory():
     assert run.checkpoints == Path("runs/a/checkpoints")
     assert run.league_store == Path("runs/a/league.sqlite")
     assert run.snapshot("main@000004") == Path("runs/a/league/snapshots/main@000004.safetensors")
-    assert run.sync("main_exploiter_0") == Path("runs/a/sync/main_exploiter_0.safetensors")
     assert run.tensorboard == Path("runs/a/tensorboard")
 
 

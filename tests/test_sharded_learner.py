@@ -175,6 +175,23 @@ def test_settings_the_sharded_learner_cannot_take_are_refused_with_the_reason(ti
         LearnerConfig(offload=True)
 
 
+def test_a_sharded_learner_trains_with_ray_rollout_workers_as_without(runs, tiny_model_dir, tmp_path):
+    """One rollout worker plays the games a run without Ray plays; the sharded learner streams
+    its weights to the worker and to the trainer's evaluating backend."""
+    import ray
+
+    try:
+        run_dir = train(tiny_model_dir, tmp_path / "run", 2, ["steps=2", "distributed.rollout_workers=1"])
+    finally:
+        ray.shutdown()
+    with_ray, without = scalars(run_dir), scalars(runs["two"])
+    for tag in ("reward/mean", "learner/tokens", "turns/per_step"):  # the same games
+        assert with_ray[tag] == without[tag][:2], tag
+    # The worker samples on one thread, the trainer on two: the sampler's log-probs, and so the
+    # importance weights, differ in their last bits.
+    assert largest_difference(weights(runs["two"], 2), weights(run_dir, 2)) < 10 * WEIGHT_TOLERANCE
+
+
 def test_a_ray_node_offering_the_learners_gpus_to_rollout_workers_is_refused():
     nodes = [
         {"Alive": True, "NodeManagerAddress": "10.0.0.1", "Resources": {"CPU": 32.0, "GPU": 8.0}},

@@ -101,6 +101,11 @@ class PolicyBackend(ABC):
     def load_weights(self, path: Path, version: int) -> None:
         """Serve the weights in the safetensors file `path` from now on, as `version`."""
 
+    def release_memory(self) -> None:  # noqa: B027 (optional: only engines that reserve a GPU need it)
+        """Free the device memory generation holds (an engine's weights and KV cache) while a
+        learner on the same GPU updates; the next `load_state` takes it back. Backends that hold
+        none apart from their weights have nothing to do."""
+
     def close(self) -> None:  # noqa: B027 (optional: only engines with processes need it)
         """Release the engine's processes and memory."""
 

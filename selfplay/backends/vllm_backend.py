@@ -96,8 +96,12 @@ class VLLMBackend(PolicyBackend):
         dtype: str = "float32",
         gpu_memory_utilization: float | None = None,
         max_model_len: int | None = None,
+        sleep_while_learning: bool = False,
         **engine_kwargs: Any,
     ):
+        """`sleep_while_learning`: the engine shares its GPU with the learner, and sleeps (frees
+        its weights and KV cache, vLLM's sleep mode) between `release_memory` and the next
+        `load_state`, as verl and TRL colocate them. Only on a GPU."""
         # vLLM logs every engine detail at INFO; keep a run's output readable unless asked.
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         from vllm import LLM  # imported here: vllm is an optional dependency
@@ -120,8 +124,11 @@ class VLLMBackend(PolicyBackend):
             worker_extension_cls=WORKER_EXTENSION,
             disable_log_stats=True,
         )
+        self.sleeps = sleep_while_learning and self.on_gpu
+        self.asleep = False
         if self.on_gpu:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization or GPU_MEMORY_UTILIZATION
+            kwargs["enable_sleep_mode"] = self.sleeps
         else:
             # The CPU backend reserves `gpu_memory_utilization` of *system* memory; vLLM's
             # default (0.92) fails. An explicit KV-cache size is the better knob there, and
@@ -199,6 +206,8 @@ class VLLMBackend(PolicyBackend):
         """Each prompt's completion from the engine, in groups as they finish."""
         from vllm.inputs import tokens_input
 
+        if self.asleep:
+            raise RuntimeError("the vLLM engine is asleep, its weights dropped: load_state wakes it with new ones")
         engine = self.llm.llm_engine
         batch = next(self._batches)
         unfinished: dict[str, int] = {}  # request id -> prompt index
@@ -290,6 +299,8 @@ class VLLMBackend(PolicyBackend):
         not a reload per piece)."""
         dtype = self.llm.model_config.dtype
         stream = ((name, tensor.to(dtype)) for name, tensor, _ in checked_weights(self.meta_model, weights))
+        if self.asleep:  # room for the weights first; the KV cache once they are in
+            self.llm.wake_up(tags=["weights"])
         try:
             for bucket in weight_buckets(stream, WEIGHT_BUCKET_BYTES):
                 layout, flat = packed(bucket)
@@ -301,9 +312,19 @@ class VLLMBackend(PolicyBackend):
             self.llm.collective_rpc("selfplay_drop_staged_weights")
             raise
         self.llm.collective_rpc("selfplay_load_staged_weights")
+        if self.asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
         # Cached key/value blocks were computed with the old weights.
         self.clear_prefix_cache()
         self.version = version
+
+    def release_memory(self) -> None:
+        """Sleep at level 2: the weights are dropped, not kept in CPU memory, since the
+        learner's next `load_state` replaces them anyway."""
+        if self.sleeps and not self.asleep:
+            self.llm.sleep(level=2)
+            self.asleep = True
 
     def load_weights(self, path: Path, version: int) -> None:
         path = Path(path).resolve()
