@@ -276,11 +276,11 @@ class Learner:
     def _score(self, model, batch: Sequence[Sample], entropy: bool = True):
         """Log-probs (and entropies) of `batch`'s responses under `model`; a sharded model
         scores through its registered forward method (`selfplay.sharding`)."""
-        score = model.score_responses if self.shards is not None else response_logprobs_and_entropy
         arguments = [s.prompt_ids for s in batch], [s.response_ids for s in batch], self.temperature
-        if self.shards is None:
-            arguments = (model, *arguments)
-        return score(*arguments, [s.choices for s in batch], entropy=entropy)
+        choices = [s.choices for s in batch]
+        if self.shards is not None:
+            return model.score_responses(*arguments, choices, entropy=entropy)
+        return response_logprobs_and_entropy(model, *arguments, choices, entropy=entropy)
 
     def _share(self, chunks: list[list[int]]) -> list[tuple[list[int], bool]]:
         """The micro-batches this process runs, each with whether its loss counts (see `Shards.share`)."""

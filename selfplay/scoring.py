@@ -76,6 +76,8 @@ def response_hidden(
     """
     device = next(model.parameters()).device
     decoder = model.get_decoder()
+    if decoder.training and getattr(decoder, "gradient_checkpointing", False):
+        share_prefix = False  # a decoder recomputing its activations keeps no key/value cache
     first = prompts[0]
     shared = min(len(p) for p in prompts) - 1 if share_prefix else 0
     for prompt in prompts[1:]:

@@ -316,3 +316,17 @@ def test_copies_of_a_sequence_are_scored_once_and_each_counts(tiny_model_dir, pr
     assert stats["loss"] == pytest.approx(expected.item(), rel=1e-4)
     for (name, param), mine in zip(model.named_parameters(), learner.model.parameters()):
         assert torch.allclose(param.grad, mine.grad, rtol=1e-4, atol=1e-7), name
+
+
+def test_activation_checkpointing_makes_the_same_update(tiny_model_dir, prompt):
+    """Recomputing each layer's activations in the backward pass changes the memory an update
+    takes, not the update (each row then runs whole, without a shared prefix's cache)."""
+    updated, stats = {}, {}
+    for checkpointing in (False, True):
+        learner = Learner(str(tiny_model_dir), LearnerConfig(lr=1e-5, activation_checkpointing=checkpointing), seed=0)
+        samples = [sampled(learner, prompt, [5, 6], 1.0), sampled(learner, prompt, [7], -1.0)]
+        stats[checkpointing] = learner.update(samples)
+        updated[checkpointing] = learner.backend_weights()
+    assert stats[True] == pytest.approx(stats[False], rel=1e-5)
+    # AdamW moves each weight by about lr: the sums' order may move one by a tenth of that.
+    assert all(torch.allclose(updated[True][k], updated[False][k], atol=1e-6) for k in updated[False])
