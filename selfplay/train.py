@@ -233,6 +233,7 @@ class Trainer:
         try:
             self._open(resume)
         except BaseException as err:
+            self._close_learner_groups()  # a sharded learner's processes must not outlive the run
             self.run_lock.release()
             if failed_write(err):
                 raise run_stopped_by(err, self.run_dir, getattr(self, "step", 0)) from None
@@ -323,19 +324,27 @@ class Trainer:
             learner = LearnerGroup(self.model_path, learner_config, **settings)
         else:
             learner = Learner(self.model_path, learner_config, shared_base=shared_base, **settings)
-        # The rollout workers generate for a distributed run: the trainer's backend only evaluates.
-        sharded = learner_config.processes > 1
-        if (shared_base is not None and config.backend == "hf") or (self.workers is not None and not sharded):
-            backend = make_backend("hf", str(self.model_path), device=learner.device, model=learner.model)
-        elif self.workers is not None:  # a sharded learner has no whole model to share: a copy it streams into
-            backend = make_backend("hf", str(self.model_path), config.backend_precision, device=learner.device)
-        else:
-            colocated = {"sleep_while_learning": True} if name == MAIN and vllm_shares_learner_gpu(config) else {}
-            backend = make_backend(config.backend, str(self.model_path), config.backend_precision, **colocated)
-        player = LearningPlayer(name, learner, backend)
+        try:
+            player = LearningPlayer(name, learner, self._backend_for(name, learner, shared_base))
+        except BaseException:
+            if isinstance(learner, LearnerGroup):  # its processes must not outlive a failed start
+                learner.close()
+            raise
         if checkpoint is not None:
             self._sync(player)
         return player
+
+    def _backend_for(self, name: str, learner, shared_base) -> PolicyBackend:
+        """The backend generating with `learner`'s weights. The rollout workers generate for a
+        distributed run: the trainer's backend then only evaluates."""
+        config = self.config
+        sharded = isinstance(learner, LearnerGroup)
+        if (shared_base is not None and config.backend == "hf") or (self.workers is not None and not sharded):
+            return make_backend("hf", str(self.model_path), device=learner.device, model=learner.model)
+        if self.workers is not None:  # a sharded learner has no whole model to share: a copy it streams into
+            return make_backend("hf", str(self.model_path), config.backend_precision, device=learner.device)
+        colocated = {"sleep_while_learning": True} if name == MAIN and vllm_shares_learner_gpu(config) else {}
+        return make_backend(config.backend, str(self.model_path), config.backend_precision, **colocated)
 
     def _exploiter_base(self):
         if self.shared_base is None:
@@ -522,12 +531,15 @@ class Trainer:
         self.writer.close()
         for backend in [*(p.backend for p in self.players.values()), *self.frozen.values()]:
             backend.close()
-        for player in self.players.values():
-            if isinstance(player.learner, LearnerGroup):
-                player.learner.close()
+        self._close_learner_groups()
         self.league.close()
         self._stop_workers()
         self.run_lock.release()
+
+    def _close_learner_groups(self) -> None:
+        for player in getattr(self, "players", {}).values():
+            if isinstance(player.learner, LearnerGroup):
+                player.learner.close()
 
     def _report_evaluations(self) -> None:
         """Print the table of the run's first and last evaluations (before and after training),
