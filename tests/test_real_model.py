@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -98,9 +99,14 @@ def vllm_backend(real_model):
     pytest.importorskip("vllm")
     from selfplay.backends.vllm_backend import VLLMBackend
 
+    environment = dict(os.environ)
     engine = VLLMBackend(str(real_model))
     yield engine
     engine.close()
+    # vLLM sets variables (library paths among them) that later tests must not inherit: the code
+    # sandbox, for one, places the shared libraries they resolve to in its jail.
+    os.environ.clear()
+    os.environ.update(environment)
 
 
 @pytest.fixture(params=["hf", pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.slow])])
