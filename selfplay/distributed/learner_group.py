@@ -164,13 +164,10 @@ class LearnerGroup:
             self._raise_if_a_peer_died(err)
             raise
 
-    def backend_weights(self, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-        return dict(self.policy_weights(dtype))
-
     def export_weights(self, path: Path, dtype: torch.dtype = torch.float32) -> Path:
         from selfplay.backends.base import save_weights
 
-        return save_weights(self.backend_weights(dtype), path)
+        return save_weights(dict(self.policy_weights(dtype)), path)
 
     @contextlib.contextmanager
     def scoring_model(self):
