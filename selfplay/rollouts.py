@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 
 import numpy as np
 
@@ -100,9 +101,20 @@ class _LiveGame:
 
 
 class RolloutEngine:
-    def __init__(self, players: Mapping[str, Player], settings: RolloutSettings = RolloutSettings()):
+    def __init__(
+        self,
+        players: Mapping[str, Player],
+        settings: RolloutSettings = RolloutSettings(),
+        styles: Mapping[str, RolloutSettings] = MappingProxyType({}),
+    ):
+        """An engine seating `players` by label, playing as `settings` say. `styles` gives, by
+        label, how a policy is asked and sampled where it differs from `settings` (its sampling,
+        prompt and observation mode), so that models trained differently meet in one engine, each
+        asked as it was trained. The games' rules (turn cap, invalid moves), the concurrency and
+        the sampling seed are always `settings`'."""
         self.players = dict(players)
         self.settings = settings
+        self.styles = dict(styles)
         self._idle_envs: dict[str, list[TextGameEnv]] = defaultdict(list)
         self._answer_ids: dict[str, dict[str, tuple[int, ...]]] = defaultdict(dict)  # per policy label
 
@@ -180,12 +192,17 @@ class RolloutEngine:
 
     # -- model turns ---------------------------------------------------------------------------
 
+    def _style(self, label: str) -> RolloutSettings:
+        """How the policy `label` is asked and sampled."""
+        return self.styles.get(label, self.settings)
+
     def _messages(self, game: _LiveGame, seat: int) -> list[Message]:
         observation = game.env.observe(game.env.possible_agents[seat])
         chat = game.chats[seat]
-        if self.settings.observation_mode == "single_turn" or not chat:
-            return opening_messages(observation, self.settings.prompt)
-        return [*chat, state_message(observation, self.settings.prompt)]
+        style = self._style(game.match.players[seat])
+        if style.observation_mode == "single_turn" or not chat:
+            return opening_messages(observation, style.prompt)
+        return [*chat, state_message(observation, style.prompt)]
 
     def _render_prompts(self, games: list[_LiveGame]) -> None:
         """The next prompt of each game, which waits on a model: one tokenizer call per policy."""
@@ -193,8 +210,8 @@ class RolloutEngine:
         for game in games:
             seat = self._seat_to_move(game)
             by_label[game.match.players[seat]].append((game, seat))
-        legal = self.settings.sampling.decoding == "legal"
         for label, waiting in by_label.items():
+            legal = self._style(label).sampling.decoding == "legal"
             tokenizer = self.players[label].tokenizer
             messages = [self._messages(game, seat) for game, seat in waiting]
             ids = batch_prompt_ids(tokenizer, messages)
@@ -217,7 +234,7 @@ class RolloutEngine:
         backend = self.players[label]
         seed = int(np.random.SeedSequence([self.settings.sampling.seed, tick]).generate_state(1)[0])
         prompts = [game.prompt.ids for game in games]
-        sampling = replace(self.settings.sampling, seed=seed)
+        sampling = replace(self._style(label).sampling, seed=seed)
         choices = [game.prompt.choices for game in games] if sampling.decoding == "legal" else None
         for finished in backend.generate_as_completed(prompts, sampling, choices):
             moved = [games[index] for index, _ in finished]
@@ -230,7 +247,7 @@ class RolloutEngine:
         prompt, game.prompt = game.prompt, None
         env = game.env
         agent = env.possible_agents[prompt.seat]
-        if self.settings.observation_mode == "multi_turn":
+        if self._style(prompt.label).observation_mode == "multi_turn":
             game.chats[prompt.seat] = [*prompt.messages, {"role": "assistant", "content": generation.text}]
         invalid_before = len(env.invalid_log[agent])
         finished = generation.finish_reason == "stop"

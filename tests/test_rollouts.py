@@ -171,6 +171,28 @@ def test_mixed_batch_with_a_real_backend_is_well_formed_and_reproducible(hf_back
     assert list(RolloutEngine(players, settings).run(matches)) == first
 
 
+def test_each_policy_is_asked_and_sampled_in_its_own_style(tokenizer):
+    """Models trained differently meet in one engine: one asked with the state alone in one chat
+    and decoding legally, the other as the engine's settings say."""
+    players = {"viewer": LegalMoveBackend(tokenizer), "reader": LegalMoveBackend(tokenizer, seed=1)}
+    style = RolloutSettings(sampling=SamplingSettings(decoding="legal"), observation_mode="multi_turn", prompt="view")
+    seatings = [("viewer", "reader"), ("reader", "viewer")]
+    matches = [MatchSpec("tictactoe", seatings[seed % 2], seed=seed) for seed in range(4)]
+    engine = RolloutEngine(players, RolloutSettings(), styles={"viewer": style})
+    turns = [turn for trajectory in engine.run(matches) for turn in trajectory.turns]
+    viewer = [t for t in turns if t.agent == "viewer"]
+    reader = [t for t in turns if t.agent == "reader"]
+    assert viewer and reader and not any(t.invalid for t in turns)
+    assert all(t.choices for t in viewer) and not any(t.choices for t in reader)
+    for turn in viewer:
+        prompt = tokenizer.decode(turn.prompt_ids)
+        assert "system" not in prompt and prompt.startswith("<|im_start|>user\nYou play")
+    assert max(tokenizer.decode(t.prompt_ids).count("<|im_start|>user") for t in viewer) > 1  # one chat
+    for turn in reader:
+        prompt = tokenizer.decode(turn.prompt_ids)
+        assert prompt.startswith("<|im_start|>system") and prompt.count("<|im_start|>user") == 1
+
+
 @pytest.mark.parametrize("observation_mode", ["single_turn", "multi_turn"])
 def test_view_prompts_show_the_players_view_alone(tokenizer, observation_mode):
     policy = LegalMoveBackend(tokenizer)
