@@ -266,7 +266,7 @@ class DistributedConfig:
 class TrainConfig:
     run_dir: str = "runs/quickstart"
     seed: Annotated[int, Bounds(0, MAX_SEED)] = 0
-    model: str = "default"  # a Hugging Face model name or directory, or "default"
+    model: str = "default"  # a model spec (selfplay.model_specs): a hub name or directory, default, a run, ...
     backend: Literal["hf", "vllm"] = "hf"
     # The generating backends' weights; bf16 samples faster on CPUs with bfloat16 instructions
     # and on GPUs. The learner keeps fp32 weights whatever this says (see learner.precision).

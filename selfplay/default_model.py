@@ -13,6 +13,8 @@ built; a checkout without it, or with one from an older recipe, builds it once o
 `model: default` names it; any Hugging Face model name or local path works through the same
 setting, and so does a GGUF file (`PATH.gguf`, or `gguf:PACKAGE` for an installed package that
 ships one: see `gguf_file`), converted once into a model directory under SELFPLAY_HOME.
+`selfplay.model_specs` resolves what else a model setting may name (a run, a checkpoint, a
+league player).
 """
 
 from __future__ import annotations
@@ -40,6 +42,11 @@ DEFAULT_MODEL_VERSION = 7
 BUILD_INFO = "selfplay_build.json"
 GGUF_PREFIX = "gguf:"
 SHIPPED_MODEL = Path(__file__).parent / "models" / DEFAULT_MODEL
+# What a model setting may name (`selfplay.model_specs` resolves the run-made kinds), for messages.
+MODEL_SPECS_HELP = (
+    "a Hugging Face model directory or hub name, default (the built-in model), a GGUF file, a run directory "
+    "(its newest checkpoint), a checkpoint directory, or a league player RUN_DIR@PLAYER"
+)
 _verified: set[Path] = set()  # shipped models whose checksums this process has checked
 
 
@@ -60,7 +67,7 @@ def resolve_model(name_or_path: str) -> str:
             verify_checksums(SHIPPED_MODEL)
             return str(SHIPPED_MODEL)
         path = default_model_dir()
-        _build_once(path, is_current_build, build_default_model)
+        build_once(path, is_current_build, build_default_model)
         return str(path)
     gguf = gguf_file(name_or_path)
     if gguf is not None:
@@ -77,8 +84,8 @@ def _check_model(name_or_path: str) -> None:
     path = Path(name_or_path)
     if path.is_dir() and not (path / "config.json").is_file():
         raise UserError(
-            f"'{name_or_path}' is a directory but not a model: it has no config.json. Give a model directory "
-            "(a run's are its checkpoints/step-N), a model name the hub serves, or default."
+            f"'{name_or_path}' is a directory but not a model: it has no config.json (nor a run's config.yaml, "
+            f"nor a checkpoint's trainer_state.json). Give {MODEL_SPECS_HELP}."
         )
     try:
         AutoConfig.from_pretrained(name_or_path)
@@ -87,7 +94,7 @@ def _check_model(name_or_path: str) -> None:
             raise UserError(f"Cannot read the model in '{name_or_path}': {' '.join(str(err).split())}") from None
         raise UserError(
             f"No model '{name_or_path}': it is not a model directory, and neither the Hugging Face hub nor its "
-            "cache here has a model of that name. Give a model directory, a model name the hub serves, or default."
+            f"cache here has a model of that name. Give {MODEL_SPECS_HELP}."
         ) from None
 
 
@@ -145,11 +152,17 @@ def _packaged_gguf(package: str) -> Path:
 
 
 def converted_gguf(gguf: Path) -> Path:
-    """The model directory converted from the GGUF file `gguf`: SELFPLAY_HOME/models/gguf/SHA256,
-    keyed by the file's checksum, so that a changed file is converted anew. Converted on first
-    use, and again if the directory does not match its record."""
-    source_sha256 = _sha256(gguf)
-    model_dir = selfplay_home() / "models" / "gguf" / source_sha256
+    """The model directory converted from the GGUF file `gguf`: SELFPLAY_HOME/models/gguf/SHA256."""
+    return converted_once(gguf, "gguf", lambda path: convert_gguf(gguf, path))
+
+
+def converted_once(source: Path, kind: str, convert: Callable[[Path], object]) -> Path:
+    """The model directory that `convert(out_dir)` makes from the file `source`, kept as
+    SELFPLAY_HOME/models/KIND/SHA256: keyed by the file's checksum, so that a changed file is
+    converted anew. Converted on first use, and again if the directory does not match the record
+    `convert` writes in it (BUILD_INFO: the source's and every file's SHA-256)."""
+    source_sha256 = file_sha256(source)
+    model_dir = selfplay_home() / "models" / kind / source_sha256
 
     def is_converted(path: Path) -> bool:
         try:
@@ -158,7 +171,7 @@ def converted_gguf(gguf: Path) -> Path:
             return False
         return record.get("source_sha256") == source_sha256 and _damaged_file(path) is None
 
-    _build_once(model_dir, is_converted, lambda path: convert_gguf(gguf, path))
+    build_once(model_dir, is_converted, convert)
     return model_dir
 
 
@@ -172,7 +185,7 @@ def convert_gguf(gguf: Path, out_dir: Path) -> Path:
 
     print(f"Converting '{gguf}' into a model directory, once: {out_dir}", file=sys.stderr)
     started = time.perf_counter()
-    with _built_in_place(out_dir) as scratch:
+    with built_in_place(out_dir) as scratch:
         try:
             dequantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
             tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -190,7 +203,7 @@ def convert_gguf(gguf: Path, out_dir: Path) -> Path:
         tokenizer.save_pretrained(scratch)
         record = {
             "source": str(gguf),
-            "source_sha256": _sha256(gguf),
+            "source_sha256": file_sha256(gguf),
             "transformers": transformers.__version__,
             "seconds": round(time.perf_counter() - started, 1),
             "sha256": file_checksums(scratch),
@@ -231,10 +244,10 @@ def is_current_build(path: Path) -> bool:
 def file_checksums(path: Path) -> dict[str, str]:
     """The SHA-256 of every file of the model directory `path` but its build record."""
     files = [file for file in sorted(Path(path).iterdir()) if file.is_file() and file.name != BUILD_INFO]
-    return {file.name: _sha256(file) for file in files}
+    return {file.name: file_sha256(file) for file in files}
 
 
-def _sha256(file: Path) -> str:
+def file_sha256(file: Path) -> str:
     return hashlib.sha256(file.read_bytes()).hexdigest()
 
 
@@ -262,12 +275,12 @@ def _damaged_file(path: Path) -> str | None:
         file = path / name
         if not file.is_file():
             return f"{name} is missing"
-        if _sha256(file) != digest:
+        if file_sha256(file) != digest:
             return f"{name} is changed"
     return None
 
 
-def _build_once(path: Path, is_built: Callable[[Path], bool], build: Callable[[Path], object]) -> None:
+def build_once(path: Path, is_built: Callable[[Path], bool], build: Callable[[Path], object]) -> None:
     """Runs `build(path)` unless `is_built(path)`, once however many processes ask at a time."""
     if is_built(path):
         return
@@ -311,7 +324,7 @@ def build_default_model(
     legal play. Built in a scratch directory and moved into place, so an interrupted build
     never leaves a half-made model behind."""
     out_dir = Path(out_dir)
-    with _built_in_place(out_dir) as scratch:
+    with built_in_place(out_dir) as scratch:
         started = time.perf_counter()
         build_untrained(scratch, seed=seed)
         result = warm_start(
@@ -336,7 +349,7 @@ def build_default_model(
 
 
 @contextlib.contextmanager
-def _built_in_place(out_dir: Path):
+def built_in_place(out_dir: Path):
     """A scratch directory beside `out_dir` that replaces `out_dir` when the block completes, so
     that a build cut short never leaves a model that looks whole."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -79,6 +79,15 @@ class RunDir:
         return self.path / "learning_curve.png"
 
     @classmethod
+    def of_checkpoint(cls, checkpoint: str | Path) -> RunDir | None:
+        """The run directory in whose checkpoints `checkpoint` lies (a step's directory, or an
+        exploiter's part of one); None if in none."""
+        for path in Path(checkpoint).parents:
+            if cls(path.parent).checkpoints == path:
+                return cls(path.parent)
+        return None
+
+    @classmethod
     def of_snapshot(cls, weights: str | Path) -> RunDir | None:
         """The run directory in whose layout `weights` is a snapshot's file; None if in none."""
         weights = Path(weights)

@@ -1,0 +1,286 @@
+"""What a model spec names: one rule for the `model:` agents of `selfplay play`, `selfplay eval
+--checkpoints` and `--opponents`, a config's `model`, and `selfplay export`.
+
+A model spec is any of:
+
+- what `selfplay.default_model.resolve_model` loads: a Hugging Face model directory or hub
+  name, `default`, a GGUF file;
+- a checkpoint directory, `RUN_DIR/checkpoints/step-NNNNNN` (a Hugging Face model directory
+  beside the training state), or a league exploiter's part of one;
+- a run directory: its newest whole checkpoint;
+- a league player, `RUN_DIR@PLAYER`, named as `selfplay league show` names it: a snapshot
+  (`runs/league@main@000004`: its bare weights file, `RunDir.snapshot`, loaded over the run's
+  model configuration and tokenizer; the file's own path names it too), or a learning player
+  (`runs/league@main`, `runs/league@main_exploiter_0`): its part of the run's newest checkpoint.
+
+A model from a run keeps how its run asked and sampled it (its config's `rollout` section):
+`play` and `eval` play it so unless an option says otherwise (`ModelSpec.played_with`), and
+`export` records it in the model directory it writes, where `model_spec` reads it back.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from safetensors import safe_open
+
+from selfplay.backends import PolicyBackend, make_backend
+from selfplay.checkpoint import (
+    READ_ERRORS,
+    STATE_FILE,
+    checkpoint_problem,
+    checkpoint_step,
+    exploiter_checkpoint,
+    latest_checkpoint,
+    list_checkpoints,
+)
+from selfplay.config import RolloutConfig, build_section, load_config
+from selfplay.default_model import (
+    BUILD_INFO,
+    MODEL_SPECS_HELP,
+    built_in_place,
+    converted_once,
+    file_checksums,
+    file_sha256,
+    resolve_model,
+)
+from selfplay.errors import UserError
+from selfplay.rollouts import RolloutSettings
+from selfplay.run_dir import RunDir
+
+# How a model is asked and sampled: the settings of its run's `rollout` section that a model
+# keeps. The rest (a game's turn cap, its invalid-move rules) bind every player of a game alike.
+STYLE_SETTINGS = ("decoding", "prompt", "observation_mode", "temperature", "top_p", "max_new_tokens")
+SAMPLING_STYLE = ("decoding", "temperature", "top_p", "max_new_tokens")  # those of `RolloutSettings.sampling`
+PROMPT_STYLE = ("prompt", "observation_mode")
+PLAYER_SEPARATOR = "@"  # RUN_DIR@PLAYER
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model that a spec names, ready to load."""
+
+    name: str  # how reports and messages name it
+    model: str  # a loadable model directory or hub name: configuration, tokenizer, and weights unless `weights`
+    step: int | None = None  # the training step of a checkpoint or snapshot
+    weights: str | None = None  # a league snapshot's weights file, loaded over `model`'s
+    trained_with: RolloutConfig | None = None  # its run's `rollout` section; None for a model from no run
+
+    def played_with(self, rollout: RolloutSettings, fixed: Collection[str] = ()) -> RolloutSettings:
+        """How to ask and sample this model: as its run did (`STYLE_SETTINGS`), but for the
+        settings named in `fixed` (a command's options), which `rollout` gives; a model from no
+        run wholly as `rollout` says. The games' rules are `rollout`'s either way."""
+        if self.trained_with is None:
+            return rollout
+        trained = RolloutSettings.from_config(self.trained_with)
+        sampling = {name: getattr((rollout if name in fixed else trained).sampling, name) for name in SAMPLING_STYLE}
+        prompting = {name: getattr(rollout if name in fixed else trained, name) for name in PROMPT_STYLE}
+        return replace(rollout, sampling=replace(rollout.sampling, **sampling), **prompting)
+
+    def policy(self, backend: str = "hf") -> PolicyBackend:
+        """A backend of kind `backend` serving the model."""
+        try:
+            policy = make_backend(backend, self.model)
+        except OSError as err:
+            raise UserError(
+                f"Cannot load the model '{self.name}': {' '.join(str(err).split())}. Give {MODEL_SPECS_HELP}."
+            ) from None
+        if self.weights is not None:
+            policy.load_weights(Path(self.weights), version=self.step or 0)
+        return policy
+
+    def network(self, own_precision: bool = False):
+        """The model as a transformers model, in float32 (for probes) or in `own_precision`, and its
+        tokenizer."""
+        import torch
+        from safetensors.torch import load_model
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        dtype = "auto" if own_precision else torch.float32
+        model = AutoModelForCausalLM.from_pretrained(self.model, dtype=dtype).eval()
+        if self.weights is not None:
+            load_model(model, self.weights)
+        return model, AutoTokenizer.from_pretrained(self.model)
+
+
+def style_of(settings: RolloutSettings) -> dict:
+    """The `STYLE_SETTINGS` of `settings`, by name: how a model is asked and sampled."""
+    return {name: getattr(settings.sampling if name in SAMPLING_STYLE else settings, name) for name in STYLE_SETTINGS}
+
+
+def model_spec(spec: str) -> ModelSpec:
+    """The model `spec` names (see the module's docstring). A spec that names none, a damaged
+    checkpoint or snapshot, or a player the league does not have raises UserError with the fix."""
+    path = Path(spec)
+    player = _league_player(spec)
+    if player is not None:
+        return player
+    if path.suffix == ".safetensors":
+        return _snapshot_file(path)
+    if (path / STATE_FILE).is_file():
+        return checkpoint_model(path)
+    run = RunDir.of_checkpoint(path)
+    if run is not None and run.config.is_file() and not path.exists():
+        saved = ", ".join(checkpoint.name for checkpoint in list_checkpoints(run.path)) or "none yet"
+        raise UserError(
+            f"No checkpoint '{path}': the run '{run.path}' holds {saved}. Give one of them, or the run directory "
+            "for its newest."
+        )
+    if RunDir(path).config.is_file() and not (path / "config.json").is_file():
+        return checkpoint_model(_newest_checkpoint(RunDir(path)))
+    model = resolve_model(spec)
+    return ModelSpec(spec, model, trained_with=_recorded_rollout(Path(model)))
+
+
+def checkpoint_model(path: Path) -> ModelSpec:
+    """The model of the checkpoint (or an exploiter's part of one) at `path`, with its run's
+    rollout settings when it lies in a run directory."""
+    problem = checkpoint_problem(path)
+    if problem:
+        raise UserError(
+            f"Checkpoint '{path}' is damaged ({problem}): give another checkpoint, or its run directory for the "
+            "newest whole one."
+        )
+    run = RunDir.of_checkpoint(path)
+    if run is None or not run.config.is_file():  # a checkpoint copied out of its run: a model directory
+        return ModelSpec(str(path), str(path), checkpoint_step(path))
+    name = f"{run.path.name}/{Path(path).relative_to(run.checkpoints).as_posix()}"
+    return ModelSpec(name, str(path), checkpoint_step(path), trained_with=load_config(run.config).rollout)
+
+
+def _newest_checkpoint(run: RunDir) -> Path:
+    if not list_checkpoints(run.path):
+        raise UserError(
+            f"The run '{run.path}' has no checkpoint yet, so it names no model: give it once it has saved one, or "
+            "give the model it started from (its config's `model`)."
+        )
+    return latest_checkpoint(run.path)
+
+
+def _league_player(spec: str) -> ModelSpec | None:
+    """The league player `spec` names as RUN_DIR@PLAYER; None if it names none that way. A
+    player's name holds the separator too (`main@000004`), so the run is the shortest prefix
+    that is a run directory."""
+    for at, character in enumerate(spec):
+        if character == PLAYER_SEPARATOR and RunDir(spec[:at]).config.is_file():
+            return league_player(RunDir(spec[:at]), spec[at + 1 :])
+    return None
+
+
+def league_player(run: RunDir, name: str) -> ModelSpec:
+    """The model of the player `name` of `run`'s league: a snapshot's weights, or a learning
+    player's part of the run's newest checkpoint."""
+    from selfplay.league.store import LeagueStore
+
+    if not run.league_store.is_file():
+        raise UserError(
+            f"'{run.path}' holds no league ({run.league_store.name} is missing), so it has no player '{name}'. Name "
+            "a player of a run trained with league.enabled=true, or give the run directory alone for its newest "
+            "checkpoint."
+        )
+    with LeagueStore(run.league_store, read_only=True) as store:
+        players = {player.name: player for player in store.players()}
+    player = players.get(name)
+    if player is None:
+        models = [p.name for p in players.values() if p.kind != "scripted"]
+        raise UserError(
+            f"No player '{name}' in the league of '{run.path}'. Its models: {', '.join(models)} "
+            f"(`selfplay league show {run.path}` shows them all)."
+        )
+    if player.kind == "scripted":
+        raise UserError(
+            f"'{name}' is a scripted agent of the league of '{run.path}', not a model: give it as the agent "
+            f"spec '{name}'."
+        )
+    if player.kind == "snapshot":
+        return _snapshot(run, name, run.path / player.weights, player.created_step)
+    checkpoint = _newest_checkpoint(run)
+    return checkpoint_model(checkpoint if player.kind == "main" else exploiter_checkpoint(checkpoint, name))
+
+
+def _snapshot_file(path: Path) -> ModelSpec:
+    run = RunDir.of_snapshot(path)
+    _, _, step = path.stem.rpartition(PLAYER_SEPARATOR)
+    if run is None or not path.is_file() or not run.config.is_file() or not step.isdigit():
+        layout = RunDir("RUN_DIR")
+        raise UserError(
+            f"'{path}' is not a league snapshot: expected an existing {layout.snapshot('PLAYER@STEP')} "
+            f"inside a run directory with its {layout.config.name}, or name the player as RUN_DIR@PLAYER."
+        )
+    return _snapshot(run, path.stem, path, int(step))
+
+
+def _snapshot(run: RunDir, name: str, weights: Path, step: int) -> ModelSpec:
+    try:
+        with safe_open(str(weights), framework="pt"):  # checks the file holds every tensor its header lists
+            pass
+    except READ_ERRORS as err:
+        raise UserError(
+            f"The weights of league player '{name}' ({weights}) are missing or damaged ({err}). Restore the file "
+            "from a copy, or give another player."
+        ) from None
+    config = load_config(run.config)
+    # The run's checkpoints carry the model's configuration and tokenizer as the run used them.
+    model = str(latest_checkpoint(run.path)) if list_checkpoints(run.path) else model_directory(config.model)
+    return ModelSpec(name, model, step, str(weights), trained_with=config.rollout)
+
+
+def _recorded_rollout(model_dir: Path) -> RolloutConfig | None:
+    """The rollout settings `export` recorded in a model directory; None where it recorded none."""
+    try:
+        record = json.loads((model_dir / BUILD_INFO).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or "rollout" not in record:
+        return None
+    try:
+        return build_section(RolloutConfig, record["rollout"], prefix="rollout.")
+    except UserError as err:
+        raise UserError(
+            f"'{model_dir / BUILD_INFO}' records how its model was trained in a form this selfplay cannot read "
+            f"({err}). Export the model again, or delete its `rollout` entry."
+        ) from None
+
+
+def model_directory(spec: str) -> str:
+    """A model directory or hub name for `spec`, as training loads its initial model: a league
+    snapshot, whose weights lie apart from its configuration, is exported once into
+    SELFPLAY_HOME/models/snapshots/SHA256."""
+    model = model_spec(spec)
+    if model.weights is None:
+        return model.model
+    return str(converted_once(Path(model.weights), "snapshots", lambda path: _write_model(model, path)))
+
+
+def export(model: ModelSpec, out_dir: str | Path) -> Path:
+    """Write `model` as a standalone Hugging Face model directory into `out_dir`, which must be
+    new or empty: its configuration, generation config and weights in their own precision (a
+    LoRA run's merged in, as its checkpoints hold them; a snapshot's over its run's model), its
+    tokenizer with its chat template, and a record of where it came from and how its run asked
+    and sampled it."""
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"'{out}' already exists and is not an empty directory: export into a new one.")
+    return _write_model(model, out)
+
+
+def _write_model(model: ModelSpec, out: Path) -> Path:
+    network, tokenizer = model.network(own_precision=True)
+    record = {"source": model.name, "step": model.step}
+    if model.weights is not None:
+        record["source_sha256"] = file_sha256(Path(model.weights))
+    if model.trained_with is not None:
+        record["rollout"] = asdict(model.trained_with)
+    try:
+        with built_in_place(out) as scratch:  # never a half-written model at `out`
+            network.save_pretrained(scratch)
+            tokenizer.save_pretrained(scratch)
+            record["sha256"] = file_checksums(scratch)
+            (scratch / BUILD_INFO).write_text(json.dumps(record, indent=2) + "\n")
+    except OSError as err:
+        reason = err.strerror or err
+        raise UserError(f"Cannot write the model into '{out}': {reason}. Choose another directory.") from None
+    return out
