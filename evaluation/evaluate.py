@@ -1,19 +1,23 @@
 """`selfplay eval`: how checkpoints play games against fixed opponents and against each other.
 
-For each checkpoint (every checkpoint of a run directory, or any model), each game and each
-opponent, the checkpoint plays `episodes` games, taking each seat in turn with the opponent in
-every other seat (in a game of N players, N - 1 copies of the opponent): its mean return per
-game (the game's own payoff: chips, points) with a 95% interval, in milli-big-blinds per hand
-too in poker, and its wins, draws and losses with 95% Wilson intervals (none in a general-sum
-or cooperative game; a win is the highest return alone, a loss any other seat's higher), per
-seat and overall, the share of games stopped by a turn cap (truncated: neither won, drawn nor
-lost), the invalid-move rate and the mean response length. Which of these judges play in a
-game follows its kind (`game_kinds`). Each checkpoint's difference from a baseline checkpoint
-is measured game by game on the same deals (`paired`). Then, optionally, a round robin
-between the checkpoints in each two-player game, with its mean return matrix and Elo fitted
-by OpenSpiel (games of more players are left out of it, with the reason in the report), and
-the exact exploitability of each checkpoint where the game is small enough (Kuhn Poker,
-Leduc Hold'em).
+For each checkpoint (every checkpoint of a run directory, or any model spec of
+`selfplay.model_specs`), each game and each opponent (a scripted agent, or a fixed model such
+as a baseline checkpoint or a league snapshot), the checkpoint plays `episodes` games, taking
+each seat in turn with the opponent in every other seat (in a game of N players, N - 1 copies
+of the opponent): its mean return per game (the game's own payoff: chips, points) with a 95%
+interval, in milli-big-blinds per hand too in poker, and its wins, draws and losses with 95%
+Wilson intervals (none in a general-sum or cooperative game; a win is the highest return
+alone, a loss any other seat's higher), per seat and overall, the share of games stopped by a
+turn cap (truncated: neither won, drawn nor lost), the invalid-move rate and the mean response
+length. Which of these judges play in a game follows its kind (`game_kinds`). Each
+checkpoint's difference from a baseline checkpoint is measured game by game on the same deals
+(`paired`). Then, optionally, a round robin between the checkpoints in each two-player game,
+with its mean return matrix and Elo fitted by OpenSpiel (games of more players are left out
+of it, with the reason in the report), and the exact exploitability of each checkpoint where
+the game is small enough (Kuhn Poker, Leduc Hold'em).
+
+Each model, candidate or opponent, is asked and sampled as its run trained it, except in what
+the command sets for every model (`ModelSpec.played_with`); the results say how each was.
 
 Every game's seed derives from the evaluation seed, the game and the opponent, so every
 checkpoint meets the same deals; the same seed gives the same figures (timings are kept out
@@ -27,17 +31,17 @@ from __future__ import annotations
 import json
 import sys
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from types import MappingProxyType
 from typing import Annotated
 
 import numpy as np
 from tqdm import tqdm
 
 from selfplay.backends import PolicyBackend
-from selfplay.checkpoint import STATE_FILE, checkpoint_problem, checkpoint_step, latest_checkpoint, list_checkpoints
-from selfplay.config import MAX_EPISODES, Bounds, build_section, find_yaml, load_config, read_yaml
+from selfplay.checkpoint import checkpoint_problem, list_checkpoints
+from selfplay.config import MAX_EPISODES, Bounds, build_section, find_yaml, read_yaml
 from selfplay.errors import UserError
 from selfplay.evaluation.exploitability import SUPPORTED_GAMES
 from selfplay.evaluation.game_kinds import GENERAL_SUM, GameKind, mbb_per_hand
@@ -45,44 +49,12 @@ from selfplay.evaluation.paired import paired_comparison
 from selfplay.evaluation.ratings import fit_elo
 from selfplay.evaluation.scoreboard import game_outcome, mean_interval, wilson_interval
 from selfplay.games import make_game
+from selfplay.model_specs import STYLE_SETTINGS, ModelSpec, checkpoint_model, model_spec, style_of
 from selfplay.records import Trajectory
 from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
-from selfplay.run_dir import RunDir
 
 POLICY = "policy"  # the label of the evaluated model in its games against fixed opponents
 OUTCOMES = ("wins", "draws", "losses", "truncated")
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A policy to evaluate: a checkpoint of a run (with its step) or any model."""
-
-    name: str
-    model: str  # a model directory, a hub name, or "default"
-    step: int | None = None
-    weights: str | None = None  # a league snapshot's safetensors file, loaded over `model`
-
-    def policy(self, backend: str) -> PolicyBackend:
-        from selfplay.match import load_policy
-
-        policy = load_policy(self.model, backend)
-        if self.weights is not None:
-            policy.load_weights(Path(self.weights), version=self.step or 0)
-        return policy
-
-    def network(self):
-        """The candidate as a transformers model (for probes) and its tokenizer."""
-        import torch
-        from safetensors.torch import load_model
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        from selfplay.default_model import resolve_model
-
-        path = resolve_model(self.model)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        if self.weights is not None:
-            load_model(model, self.weights)
-        return model, AutoTokenizer.from_pretrained(path)
 
 
 @dataclass(frozen=True)
@@ -92,63 +64,35 @@ class EvalSettings:
     episodes: int = 50  # per checkpoint, game and opponent (and per pair in the round robin)
     seed: int = 0
     rollout: RolloutSettings = field(default_factory=RolloutSettings)
+    # The settings of `rollout` that every model is asked and sampled with; a model from a run
+    # takes the others of `STYLE_SETTINGS` from its run (`ModelSpec.played_with`).
+    fixed_style: tuple[str, ...] = STYLE_SETTINGS
     backend: str = "hf"
     round_robin: bool = True
     exploitability: bool = True
     baseline: str | None = None  # the candidate that paired comparisons difference from; None: the first
 
 
-def find_candidates(specs: Sequence[str]) -> list[Candidate]:
+def find_candidates(specs: Sequence[str]) -> list[ModelSpec]:
     """Each spec is a run directory (all its whole checkpoints, oldest first; damaged ones are
-    named in one warning line and left out), one checkpoint directory, a league snapshot
-    (`RUN_DIR/league/snapshots/NAME.safetensors`), or a model (directory, hub name or "default")."""
-    found: list[Candidate] = []
+    named in one warning line and left out) or any other model spec (`selfplay.model_specs`: a
+    checkpoint, a league player, a model directory, a hub name, default, ...)."""
+    found: list[ModelSpec] = []
     for spec in specs:
-        path = Path(spec)
-        checkpoints = list_checkpoints(path)
-        if path.suffix == ".safetensors":
-            found.append(_snapshot_candidate(path))
-        elif checkpoints:
+        checkpoints = list_checkpoints(spec)
+        if checkpoints:
             problems = {c: checkpoint_problem(c) for c in checkpoints}
             damaged = [f"{c.name} ({problem})" for c, problem in problems.items() if problem]
             if damaged:
                 print(f"warning: left out the damaged checkpoints of '{spec}': {'; '.join(damaged)}", file=sys.stderr)
-            found += [_checkpoint_candidate(c) for c, problem in problems.items() if not problem]
-        elif (path / STATE_FILE).exists():
-            problem = checkpoint_problem(path)
-            if problem:
-                raise UserError(f"Checkpoint '{spec}' is damaged ({problem}): evaluate another one.")
-            found.append(_checkpoint_candidate(path))
-        elif path.is_dir() and not (path / "config.json").exists():
-            raise UserError(
-                f"'{spec}' is neither a run directory with checkpoints, a checkpoint, nor a model directory "
-                "(it has no config.json). Give a run directory such as runs/quickstart, or a model."
-            )
+            found += [checkpoint_model(c) for c, problem in problems.items() if not problem]
         else:
-            found.append(Candidate(spec, spec))
+            found.append(model_spec(spec))
     names = [c.name for c in found]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise UserError(f"Checkpoints given twice: {', '.join(duplicates)}.")
     return found
-
-
-def _snapshot_candidate(path: Path) -> Candidate:
-    run = RunDir.of_snapshot(path)
-    name, _, step = path.stem.rpartition("@")
-    if run is None or not path.is_file() or not run.config.exists() or not step.isdigit():
-        layout = RunDir("RUN_DIR")
-        raise UserError(
-            f"'{path}' is not a league snapshot: expected an existing {layout.snapshot('PLAYER@STEP')} "
-            f"inside a run directory with its {layout.config.name}."
-        )
-    # The run's checkpoints carry the model's configuration and tokenizer as the run used them.
-    model = str(latest_checkpoint(run.path)) if list_checkpoints(run.path) else load_config(run.config).model
-    return Candidate(path.stem, model, int(step), str(path))
-
-
-def _checkpoint_candidate(path: Path) -> Candidate:
-    return Candidate(f"{path.parent.parent.name}/{path.name}", str(path), checkpoint_step(path))
 
 
 @dataclass(frozen=True)
@@ -196,17 +140,14 @@ def outcome_stats(trajectories: Iterable[Trajectory], label: str, kind: GameKind
     game's in the order of `trajectories`, which paired comparisons rely on (`play_opponents`
     gives the match order). A game ended by an invalid move counts with the returns that
     `InvalidMovePolicy` gave it."""
+    trajectories = list(trajectories)
     games: list[tuple[int, float, float, str]] = []  # (seat, its return, the others' mean, outcome) per game
-    turns = invalid = tokens = 0
     for trajectory in trajectories:
         result = trajectory.result
         seat = result.players.index(label)
         others = [r for s, r in enumerate(result.rewards) if s != seat]
         games.append((seat, result.rewards[seat], sum(others) / len(others), game_outcome(result, seat)))
-        mine = [t for t in trajectory.turns if t.agent == label]
-        turns += len(mine)
-        invalid += sum(t.invalid for t in mine)
-        tokens += sum(len(t.response_ids) for t in mine)
+    turns, invalid, tokens = _turn_counts(trajectories, label)
     seats = sorted({seat for seat, *_ in games})
     return {
         "kind": asdict(kind),
@@ -218,6 +159,13 @@ def outcome_stats(trajectories: Iterable[Trajectory], label: str, kind: GameKind
         "invalid_move_rate": invalid / turns if turns else 0.0,
         "mean_response_tokens": tokens / turns if turns else 0.0,
     }
+
+
+def _turn_counts(trajectories: Sequence[Trajectory], label: str) -> tuple[int, int, int]:
+    """The turns `label` took in `trajectories`: how many, how many were invalid, and their
+    response tokens. (Only language models' turns are recorded.)"""
+    mine = [turn for trajectory in trajectories for turn in trajectory.turns if turn.agent == label]
+    return len(mine), sum(turn.invalid for turn in mine), sum(len(turn.response_ids) for turn in mine)
 
 
 def _figures(games: list[tuple[float, float, str]], kind: GameKind) -> dict:
@@ -240,25 +188,37 @@ def _figures(games: list[tuple[float, float, str]], kind: GameKind) -> dict:
     return out
 
 
-def plan_pairings(games: Sequence[str], opponents: Sequence[str]) -> tuple[dict[str, list[str]], list[dict]]:
-    """The opponents each game can seat, and the (game, opponent, reason) left out because the
-    opponent does not apply to the game (`nash` needs hidden information, for instance).
-    Unknown games and agent specs raise UserError."""
-    from selfplay.agents import IncompatibleAgentError, make_agent
+@dataclass(frozen=True)
+class Pairings:
+    """Which opponents meet the candidates in which game (`plan_pairings`)."""
 
-    pairings: dict[str, list[str]] = {}
-    skipped = []
+    games: dict[str, list[str]]  # game -> the opponents (their specs) it seats
+    skipped: list[dict]  # (game, opponent, reason) of each opponent that does not apply to a game
+    models: dict[str, ModelSpec]  # the opponents that are language models, by spec
+
+
+def plan_pairings(games: Sequence[str], opponents: Sequence[str]) -> Pairings:
+    """The opponents each game can seat, and those left out, with the reason, because they do
+    not apply to the game (`nash` needs hidden information, for instance). A model opponent
+    (`model:SPEC`) plays every game. Unknown games and agent specs, and agents that play in the
+    terminal (evaluation plays unattended), raise UserError."""
+    from selfplay.agents import IncompatibleAgentError, make_agent
+    from selfplay.match import parse_agent
+
+    agents = {opponent: parse_agent(opponent, unattended=True) for opponent in opponents}
+    plan = Pairings({}, [], {spec: agent for spec, agent in agents.items() if isinstance(agent, ModelSpec)})
     for game in games:
         twin = make_game(game)
-        pairings[game] = []
+        plan.games[game] = []
         for opponent in opponents:
             try:
-                make_agent(opponent, twin, seed=0)
+                if opponent not in plan.models:
+                    make_agent(opponent, twin, seed=0)
             except IncompatibleAgentError as err:
-                skipped.append({"game": game, "opponent": opponent, "reason": str(err)})
+                plan.skipped.append({"game": game, "opponent": opponent, "reason": str(err)})
             else:
-                pairings[game].append(opponent)
-    return pairings, skipped
+                plan.games[game].append(opponent)
+    return plan
 
 
 def play_opponents(
@@ -268,11 +228,15 @@ def play_opponents(
     seed: int,
     rollout: RolloutSettings,
     on_game: Callable[[], None] = lambda: None,
+    models: Mapping[str, PolicyBackend] = MappingProxyType({}),
+    styles: Mapping[str, RolloutSettings] = MappingProxyType({}),
 ) -> list[dict]:
-    """`policy` against each opponent of each game (`plan_pairings`), taking each seat in turn
-    with the opponent in every other seat (`pairing_matches`); one row of `outcome_stats` per
-    (game, opponent), its games in the order of their seeds (`match_seeds`), the same deals and
-    seats for every policy. `on_game` is called as each game finishes.
+    """`policy`, asked and sampled as `rollout` says, against each opponent of each game
+    (`Pairings.games`), taking each seat in turn with the opponent in every other seat
+    (`pairing_matches`); one row of `outcome_stats` per (game, opponent), its games in the order
+    of their seeds (`match_seeds`), the same deals and seats for every policy. An opponent in
+    `models` is that backend, asked and sampled as `styles` says, and its row has its own
+    invalid-move rate too. `on_game` is called as each game finishes.
 
     Each pairing runs in a rollout engine of its own: a batch shares one sampling seed, so
     games sharing batches share their luck, and one pairing's figures stay the same whatever
@@ -286,21 +250,27 @@ def play_opponents(
             matches = pairing_matches(game, POLICY, opponent, seeds, twin.num_players)
             order = {(m.seed, m.players): i for i, m in enumerate(matches)}
             trajectories = []
-            for trajectory in RolloutEngine({POLICY: policy, opponent: opponent}, rollout).run(matches):
+            engine = RolloutEngine({POLICY: policy, opponent: models.get(opponent, opponent)}, rollout, styles)
+            for trajectory in engine.run(matches):
                 trajectories.append(trajectory)
                 on_game()
             trajectories.sort(key=lambda t: order[t.result.seed, t.result.players])
-            rows.append({"game": game, "opponent": opponent, **outcome_stats(trajectories, POLICY, GameKind.of(twin))})
+            row = {"game": game, "opponent": opponent, **outcome_stats(trajectories, POLICY, GameKind.of(twin))}
+            if opponent in models:
+                turns, invalid, _ = _turn_counts(trajectories, opponent)
+                row["opponent_invalid_move_rate"] = invalid / turns if turns else 0.0
+            rows.append(row)
     return rows
 
 
 # -- the whole evaluation -------------------------------------------------------------------------
 
 
-def evaluate(candidates: Sequence[Candidate], settings: EvalSettings, progress: bool = True) -> dict:
+def evaluate(candidates: Sequence[ModelSpec], settings: EvalSettings, progress: bool = True) -> dict:
     """Every figure of the evaluation, as plain data (what `results.json` holds): each
     candidate against each fixed opponent (`play_opponents`), each one's paired differences
-    from the baseline (`paired_comparison`), the round robin and exploitability."""
+    from the baseline (`paired_comparison`), the round robin and exploitability; and how each
+    model, candidate or opponent, was asked and sampled (`ModelSpec.played_with`)."""
 
     if not candidates:
         raise UserError("Nothing to evaluate: give --checkpoints (run directories, checkpoints or models).")
@@ -308,17 +278,19 @@ def evaluate(candidates: Sequence[Candidate], settings: EvalSettings, progress: 
     baseline = settings.baseline or names[0]
     if baseline not in names:
         raise UserError(f"--baseline '{baseline}' is none of the candidates; give one of: {', '.join(names)}.")
-    pairings, skipped = plan_pairings(settings.games, settings.opponents)
+    plan = plan_pairings(settings.games, settings.opponents)
+    played = {c.name: c.played_with(settings.rollout, settings.fixed_style) for c in candidates}
+    styles = {spec: m.played_with(settings.rollout, settings.fixed_style) for spec, m in plan.models.items()}
     pairs = len(candidates) * (len(candidates) - 1) // 2 if settings.round_robin else 0
     seats = {game: make_game(game).num_players for game in settings.games}
     duels = [game for game in settings.games if seats[game] == 2]
-    total = len(candidates) * sum(map(len, pairings.values())) * settings.episodes
+    total = len(candidates) * sum(map(len, plan.games.values())) * settings.episodes
     total += pairs * len(duels) * settings.episodes
-    bar = tqdm(total=total, desc="eval", unit="game", disable=not progress)
     results: dict = {
         "settings": _settings_dict(settings),
-        "candidates": [asdict(c) for c in candidates],
-        "skipped": skipped,
+        "candidates": [_model_entry(c.name, c, played[c.name]) for c in candidates],
+        "model_opponents": [_model_entry(spec, m, styles[spec]) for spec, m in plan.models.items()],
+        "skipped": plan.skipped,
         "matches": [],
         "comparison": {},
         "round_robin": {},
@@ -332,18 +304,24 @@ def evaluate(candidates: Sequence[Candidate], settings: EvalSettings, progress: 
         ],
         "exploitability": [],
     }
+    models = {}  # the model opponents, loaded once for every candidate
+    bar = tqdm(total=total, desc="eval", unit="game", disable=not progress)
     try:
+        for spec, model in plan.models.items():
+            models[spec] = model.policy(settings.backend)
         for candidate in candidates:
             bar.set_postfix_str(candidate.name)
             policy = candidate.policy(settings.backend)
             try:
                 rows = play_opponents(
                     policy,
-                    pairings,
+                    plan.games,
                     settings.episodes,
                     settings.seed,
-                    settings.rollout,
+                    played[candidate.name],
                     on_game=lambda: bar.update(1),
+                    models=models,
+                    styles=styles,
                 )
             finally:
                 policy.close()
@@ -352,14 +330,29 @@ def evaluate(candidates: Sequence[Candidate], settings: EvalSettings, progress: 
             results["comparison"] = paired_comparison(results["matches"], baseline)
         if pairs and duels:
             bar.set_postfix_str("round robin")
-            results["round_robin"] = round_robin(candidates, duels, settings, on_game=lambda: bar.update(1))
+            results["round_robin"] = round_robin(candidates, duels, settings, played, on_game=lambda: bar.update(1))
     finally:
         bar.close()
+        for policy in models.values():
+            policy.close()
     if settings.exploitability:
         results["exploitability"] = exploitabilities(
-            candidates, [g for g in settings.games if g in SUPPORTED_GAMES], settings.rollout
+            candidates, [g for g in settings.games if g in SUPPORTED_GAMES], played
         )
     return results
+
+
+def _model_entry(label: str, model: ModelSpec, played: RolloutSettings) -> dict:
+    """What `results.json` says of a model it evaluated or played against: where it comes
+    from, and how it was asked and sampled."""
+    return {
+        "name": label,
+        "model": model.model,
+        "step": model.step,
+        "weights": model.weights,
+        "from_run": model.trained_with is not None,
+        "played_with": style_of(played),
+    }
 
 
 def _settings_dict(settings: EvalSettings) -> dict:
@@ -369,12 +362,17 @@ def _settings_dict(settings: EvalSettings) -> dict:
 
 
 def round_robin(
-    candidates: Sequence[Candidate], games: Sequence[str], settings: EvalSettings, on_game: Callable[[], None]
+    candidates: Sequence[ModelSpec],
+    games: Sequence[str],
+    settings: EvalSettings,
+    played: Mapping[str, RolloutSettings],
+    on_game: Callable[[], None],
 ) -> dict:
-    """Every pair of candidates plays `episodes` games of each two-player game, alternating seats; per
-    game, the mean return matrix (`mean_returns[i][j]`: i's mean return against j, None on the
-    diagonal), the matrices of games played, won and drawn (a truncated game is played, but
-    neither won nor drawn) and the Elo ratings OpenSpiel fits to them."""
+    """Every pair of candidates plays `episodes` games of each two-player game, alternating seats,
+    each candidate asked and sampled as `played` says by its name; per game, the mean return
+    matrix (`mean_returns[i][j]`: i's mean return against j, None on the diagonal), the matrices
+    of games played, won and drawn (a truncated game is played, but neither won nor drawn) and
+    the Elo ratings OpenSpiel fits to them."""
 
     labels = [c.name for c in candidates]
     index = {label: i for i, label in enumerate(labels)}
@@ -394,7 +392,7 @@ def round_robin(
         returns = {g: np.zeros((len(labels), len(labels))) for g in games}
         played = {g: np.zeros((len(labels), len(labels)), dtype=int) for g in games}
         rollout = replace(settings.rollout, sampling=replace(settings.rollout.sampling, seed=settings.seed))
-        for trajectory in RolloutEngine(players, rollout).run(matches):
+        for trajectory in RolloutEngine(players, rollout, played).run(matches):
             result = trajectory.result
             a, b = (index[p] for p in result.players)
             returns[result.game][a, b] += result.rewards[0]
@@ -431,9 +429,11 @@ def round_robin(
     }
 
 
-def exploitabilities(candidates: Sequence[Candidate], games: Sequence[str], rollout: RolloutSettings) -> list[dict]:
+def exploitabilities(
+    candidates: Sequence[ModelSpec], games: Sequence[str], played: Mapping[str, RolloutSettings]
+) -> list[dict]:
     """Exact exploitability of each candidate's policy in each small game, asked and decoded as
-    `rollout` asks and decodes it."""
+    `played` says by its name."""
     if not games:
         return []
     from selfplay.evaluation.exploitability import policy_exploitability
@@ -442,6 +442,6 @@ def exploitabilities(candidates: Sequence[Candidate], games: Sequence[str], roll
     for candidate in candidates:
         model, tokenizer = candidate.network()
         for game in games:
-            value = policy_exploitability(model, tokenizer, game, rollout)
+            value = policy_exploitability(model, tokenizer, game, played[candidate.name])
             rows.append({"candidate": candidate.name, "step": candidate.step, "game": game, "exploitability": value})
     return rows

@@ -1,6 +1,7 @@
 """The evaluation report: `results.json` (every figure), `report.md` (tables) and PNG plots of
 each game's primary figure (`game_kinds`: win rate, or mean return), Elo and exploitability by
-checkpoint step."""
+checkpoint step. The report opens with the pairings in which a model's moves were mostly
+invalid (`invalid_move_alarms`), and says how each model was asked and sampled."""
 
 from __future__ import annotations
 
@@ -12,6 +13,14 @@ from selfplay.evaluation.paired import summary_line
 
 RESULTS_FILE = "results.json"
 REPORT_FILE = "report.md"
+# A pairing in which more of a model's moves than this were invalid measures its answers' format
+# more than its play: most often a model asked otherwise than it was trained.
+INVALID_MOVE_ALARM = 0.2
+ALARM_ADVICE = (
+    f"more than {INVALID_MOVE_ALARM:.0%} of a model's moves were invalid in the pairings below, whose figures then "
+    "measure its answers' format more than its play: check that each model is asked as it was trained (--decoding, "
+    "--prompt, --max-new-tokens; a model from a run is asked as its run did unless an option says otherwise)."
+)
 
 
 def write_report(results: dict, out_dir: str | Path) -> Path:
@@ -23,6 +32,21 @@ def write_report(results: dict, out_dir: str | Path) -> Path:
     report = out / REPORT_FILE
     report.write_text(_markdown(results, plots))
     return report
+
+
+def invalid_move_alarms(results: dict) -> list[str]:
+    """One line for each pairing in which a model, the candidate or a model opponent, made more
+    than INVALID_MOVE_ALARM invalid moves: who, where, how many, and how it was asked and sampled."""
+    styles = {m["name"]: m["played_with"] for m in [*results["candidates"], *results["model_opponents"]]}
+    alarms = []
+    for row in results["matches"]:
+        rates = {row["candidate"]: row["invalid_move_rate"], row["opponent"]: row.get("opponent_invalid_move_rate")}
+        for name, rate in rates.items():
+            if rate is not None and rate > INVALID_MOVE_ALARM:
+                asked = ", ".join(f"{setting} {value}" for setting, value in styles[name].items())
+                pairing = f"{row['game']}, {row['candidate']} against {row['opponent']}"
+                alarms.append(f"{pairing}: {name} made {rate:.0%} invalid moves, asked with {asked}")
+    return alarms
 
 
 def _x_axis(rows: list[dict], names: list[str]) -> tuple[list, str]:
@@ -104,13 +128,17 @@ def _save(fig, path: Path, caption: str) -> tuple[str, str]:
 
 def _markdown(results: dict, plots: list[tuple[str, str]]) -> str:
     settings = results["settings"]
-    lines = [
-        "# Evaluation report",
-        "",
+    lines = ["# Evaluation report", ""]
+    alarms = invalid_move_alarms(results)
+    if alarms:
+        lines += [f"> **Warning:** {ALARM_ADVICE}", ">"]
+        lines += [f"> - {alarm}" for alarm in alarms] + [""]
+    lines += [
         f"Games: {', '.join(settings['games'])}. Opponents: {', '.join(settings['opponents'])}. "
-        f"{settings['episodes']} games per pairing, the checkpoint taking each seat in turn, seed {settings['seed']}, "
-        f"sampling temperature {settings['rollout']['sampling']['temperature']}. Intervals are 95%: "
-        "Wilson intervals for rates, normal intervals for means.",
+        f"{settings['episodes']} games per pairing, the checkpoint taking each seat in turn, seed {settings['seed']}. "
+        "Intervals are 95%: Wilson intervals for rates, normal intervals for means.",
+        "",
+        *_styles(results),
         "",
         "## Against fixed opponents",
     ]
@@ -134,6 +162,27 @@ def _markdown(results: dict, plots: list[tuple[str, str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _styles(results: dict) -> list[str]:
+    """How each model, candidate or model opponent, was asked and sampled."""
+    models = [*results["candidates"], *results["model_opponents"]]
+    fixed = results["settings"]["fixed_style"]
+    settings = list(models[0]["played_with"])
+    lines = [
+        "## How each model was asked and sampled",
+        "",
+        "A model from a run is asked and sampled as its run was (its config's `rollout` section), "
+        f"except in what the command set for every model ({', '.join(fixed) or 'nothing'}); any other model as the "
+        "command says.",
+        "",
+        "| model | from a run | " + " | ".join(settings) + " |",
+        "|---|---|" + "---|" * len(settings),
+    ]
+    for model in models:
+        values = [str(model["played_with"][name]) for name in settings]
+        lines.append(f"| {model['name']} | {'yes' if model['from_run'] else 'no'} | " + " | ".join(values) + " |")
+    return lines
+
+
 def _kind_words(kind: GameKind) -> str:
     if kind.name == WIN_LOSS:
         return "judged by wins, draws and losses (win-lose game; truncated: stopped by the turn cap)"
@@ -153,7 +202,9 @@ def _match_table(rows: list[dict], kind: GameKind) -> list[str]:
     returns = ["mean return", *(f"seat {seat}" for seat in seats)] + (["mbb/hand"] if kind.big_blind else [])
     returns += ["opponent's mean return"] if kind.name == GENERAL_SUM else []
     figures = outcomes + ["truncated"] + returns if kind.name == WIN_LOSS else returns + outcomes + ["truncated"]
-    header = ["checkpoint", "step", "opponent", "games", *figures, "invalid moves", "response tokens"]
+    opponent_models = any("opponent_invalid_move_rate" in r for r in rows)
+    invalid = ["invalid moves", *(["opponent's invalid moves"] if opponent_models else [])]
+    header = ["checkpoint", "step", "opponent", "games", *figures, *invalid, "response tokens"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     cells = {
         "win": lambda r: _rate(r, "wins"),
@@ -168,7 +219,11 @@ def _match_table(rows: list[dict], kind: GameKind) -> list[str]:
         cells[f"seat {seat}"] = lambda r, s=seat: _mean(r["seats"][s], "mean_return") if s in r["seats"] else ""
     for r in rows:
         row = [r["candidate"], "" if r["step"] is None else str(r["step"]), r["opponent"], str(r["games"])]
-        row += [cells[f](r) for f in figures] + [f"{r['invalid_move_rate']:.3f}", f"{r['mean_response_tokens']:.1f}"]
+        row += [cells[f](r) for f in figures] + [f"{r['invalid_move_rate']:.3f}"]
+        if opponent_models:
+            rate = r.get("opponent_invalid_move_rate")
+            row.append("" if rate is None else f"{rate:.3f}")
+        row.append(f"{r['mean_response_tokens']:.1f}")
         lines.append("| " + " | ".join(row) + " |")
     return lines
 

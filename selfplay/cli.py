@@ -11,34 +11,41 @@ import typing
 from collections.abc import Sequence
 from pathlib import Path
 
-from selfplay.agents import agent_help
 from selfplay.backends import BACKENDS
 from selfplay.config import Bounds, EvalConfig, RolloutConfig, TrainConfig, find_yaml, load_config, number_bounds
+from selfplay.default_model import MODEL_SPECS_HELP
 from selfplay.errors import UserError
+from selfplay.evaluation.report import INVALID_MOVE_ALARM
 from selfplay.evaluation.scoreboard import format_table, tally, truncation_warning
 from selfplay.games import describe_games
 from selfplay.games.registry import ENTRY_POINT_GROUP, is_cooperative
 from selfplay.legal_decoding import DECODINGS
-from selfplay.match import play_series
+from selfplay.match import agents_help, play_series
+from selfplay.model_specs import STYLE_SETTINGS
 from selfplay.prompts import PROMPT_STYLES
 from selfplay.rollouts import RolloutSettings
 from selfplay.run_dir import RunDir
 
-DECODING_HELP = "free: the model writes any text; legal: only answers naming a legal move (default free)"
+PLAY_MAX_NEW_TOKENS = 64  # `play`'s token limit per model turn where nothing else sets it
+# A model from a run is asked and sampled as its run was, unless one of these options says otherwise.
+FROM_RUN = "default: its run's setting for a model from a run, else"
+DECODING_HELP = f"free: the model writes any text; legal: only answers naming a legal move ({FROM_RUN} free)"
 PROMPT_HELP = (
     "full: the rules, the state, the legal moves and the answer instruction; view: the state alone, "
-    "for a model trained with rollout.prompt=view (default full)"
+    f"for a model trained with rollout.prompt=view ({FROM_RUN} full)"
 )
 
 
 def _cmd_play(args: argparse.Namespace) -> int:
     specs = [s.strip() for s in args.agents.split(",") if s.strip()]
+    rollout, given = _rollout(args, max_new_tokens=PLAY_MAX_NEW_TOKENS)
     results = play_series(
         args.game,
         specs,
         args.episodes,
         args.seed,
-        rollout=_rollout(args),
+        rollout=rollout,
+        fixed_style=given,
         backend=args.backend,
         # A progress bar would interleave with a human player's prompts.
         progress=not args.no_progress and not any(spec.startswith("human") for spec in specs),
@@ -91,19 +98,21 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from selfplay.evaluation.evaluate import EvalSettings, evaluate, find_candidates, load_suite
-    from selfplay.evaluation.report import RESULTS_FILE, write_report
+    from selfplay.evaluation.report import ALARM_ADVICE, RESULTS_FILE, invalid_move_alarms, write_report
 
     suite = load_suite(args.suite) if args.suite else {}
     games = args.games or suite.get("games")
     if not games:
         raise UserError("Say which games to evaluate on: --games SPEC... or --suite NAME.")
     opponents = args.opponents or ",".join(suite.get("opponents", ["random"]))
+    rollout, given = _rollout(args)
     settings = EvalSettings(
         games=tuple(games),
         opponents=tuple(o.strip() for o in opponents.split(",") if o.strip()),
         episodes=args.episodes or int(suite.get("episodes", 50)),
         seed=args.seed,
-        rollout=_rollout(args),
+        rollout=rollout,
+        fixed_style=tuple(given),
         backend=args.backend,
         round_robin=not args.no_round_robin,
         exploitability=not args.no_exploitability,
@@ -114,8 +123,26 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     results = evaluate(candidates, settings, progress=not args.no_progress)
     rows = results["matches"]
     _warn(truncation_warning(sum(r["truncated"] for r in rows), sum(r["games"] for r in rows), "--max-turns"))
+    alarms = invalid_move_alarms(results)
+    if alarms:
+        _warn("\n".join([f"warning: {ALARM_ADVICE}", *(f"  {alarm}" for alarm in alarms)]))
     report = write_report(results, args.out)
     print(f"Wrote {report} and {report.parent / RESULTS_FILE}.")
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from transformers.utils import logging as transformers_logging
+
+    from selfplay.model_specs import export, model_spec
+
+    transformers_logging.disable_progress_bar()  # its bars would bury the one line this prints
+    model = model_spec(args.spec)
+    out = export(model, args.out_dir)
+    print(
+        f"Wrote {model.name} to {out}, a Hugging Face model directory: AutoModelForCausalLM.from_pretrained('{out}') "
+        f"loads it, and `selfplay play GAME --agents model:{out},random` plays it."
+    )
     return 0
 
 
@@ -155,11 +182,15 @@ def _warn(warning: str | None) -> None:
         print(warning, file=sys.stderr)
 
 
-def _rollout(args: argparse.Namespace) -> RolloutSettings:
-    """The rollout settings a command's options give, through the config's `rollout` section:
-    its checks, then the conversion training uses. Each option has the name of its key there."""
-    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(RolloutConfig) if hasattr(args, f.name)}
-    return RolloutSettings.from_config(RolloutConfig(**given))
+def _rollout(args: argparse.Namespace, **defaults) -> tuple[RolloutSettings, frozenset[str]]:
+    """The rollout settings a command's options give, through the config's `rollout` section (its
+    checks, then the conversion training uses), with `defaults` (else the section's) for those not
+    given; and which of a model's `STYLE_SETTINGS` the options gave, which hold for every model (a
+    model from a run takes the others from its run). Each option has the name of its key there."""
+    fields = [f.name for f in dataclasses.fields(RolloutConfig)]
+    given = {name: getattr(args, name) for name in fields if getattr(args, name, None) is not None}
+    settings = RolloutSettings.from_config(RolloutConfig(**{**defaults, **given}))
+    return settings, frozenset(given) & frozenset(STYLE_SETTINGS)
 
 
 def _make_output_dir(path: str, option: str) -> None:
@@ -202,6 +233,24 @@ MAX_NEW_TOKENS = _setting(RolloutConfig, "max_new_tokens")
 TEMPERATURE = _setting(RolloutConfig, "temperature")
 
 
+def _add_style_options(command: argparse.ArgumentParser, max_new_tokens: int) -> None:
+    """The options that set how every model is asked and sampled: not given, a model from a run
+    is asked and sampled as its run was, any other model with the defaults."""
+    command.add_argument(
+        "--temperature", type=TEMPERATURE, help=f"model sampling temperature; 0 is greedy ({FROM_RUN} 1)"
+    )
+    command.add_argument("--decoding", choices=DECODINGS, help=DECODING_HELP)
+    command.add_argument("--prompt", choices=PROMPT_STYLES, help=PROMPT_HELP)
+    command.add_argument(
+        "--max-new-tokens", type=MAX_NEW_TOKENS, help=f"token limit per model turn ({FROM_RUN} {max_new_tokens})"
+    )
+    command.add_argument(
+        "--observation-mode",
+        choices=("single_turn", "multi_turn"),
+        help=f"fresh prompt per move, or one chat per player ({FROM_RUN} single_turn)",
+    )
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, reporting a usage error in one line, as every other error is reported."""
 
@@ -216,15 +265,12 @@ def build_parser() -> argparse.ArgumentParser:
     play = commands.add_parser(
         "play",
         help="play a series of games between agents",
-        description="Play N games between agents, alternating seats, and report each agent's results.",
+        description="Play N games between agents, alternating seats, and report each agent's results. A model "
+        "from a run (its directory, a checkpoint, a league player) is asked and sampled as its run was, unless an "
+        "option below says otherwise.",
     )
     play.add_argument("game", help="game spec, e.g. tictactoe, openspiel:leduc_poker (see `selfplay games list`)")
-    play.add_argument(
-        "--agents",
-        required=True,
-        help=f"comma-separated agent specs, one per seat. {agent_help()}; "
-        "model:NAME_OR_PATH (a language model; model:default is the built-in one)",
-    )
+    play.add_argument("--agents", required=True, help=f"comma-separated agent specs, one per seat. {agents_help()}")
     play.add_argument("--episodes", type=EPISODES, default=100, help="games to play (default 100)")
     play.add_argument("--seed", type=SEED, default=0, help="seed for deals, dice and agents (default 0)")
     play.add_argument(
@@ -241,20 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     play.add_argument(
         "--backend", choices=BACKENDS, default="hf", help="generation backend for model agents (default hf)"
     )
-    play.add_argument(
-        "--temperature", type=TEMPERATURE, default=1.0, help="model sampling temperature; 0 is greedy (default 1)"
-    )
-    play.add_argument("--decoding", choices=DECODINGS, default="free", help=DECODING_HELP)
-    play.add_argument("--prompt", choices=PROMPT_STYLES, default="full", help=PROMPT_HELP)
-    play.add_argument(
-        "--max-new-tokens", type=MAX_NEW_TOKENS, default=64, help="token limit per model turn (default 64)"
-    )
-    play.add_argument(
-        "--observation-mode",
-        choices=("single_turn", "multi_turn"),
-        default="single_turn",
-        help="fresh prompt per move, or one chat per player (default single_turn)",
-    )
+    _add_style_options(play, max_new_tokens=PLAY_MAX_NEW_TOKENS)
     play.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     play.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     play.set_defaults(run=_cmd_play)
@@ -287,22 +320,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="evaluate checkpoints against fixed opponents and each other",
         description="Play checkpoints against fixed opponents (both seats) on chosen games, run a round robin "
         "between them with Elo, compute exact exploitability where the game is small, and write results.json, "
-        "report.md and PNG plots.",
+        "report.md and PNG plots. A model from a run is asked and sampled as its run was, unless an option below "
+        f"says otherwise; a pairing in which more than {INVALID_MOVE_ALARM:.0%} of a model's moves were invalid is "
+        "flagged.",
     )
     evaluation.add_argument(
         "--checkpoints",
         nargs="+",
         required=True,
-        metavar="RUN_DIR_OR_MODEL",
-        help="run directories (every checkpoint), checkpoint directories, or models (a directory, a hub "
-        "name, or default)",
+        metavar="MODEL_SPEC",
+        help=f"the models to evaluate: run directories (each of their checkpoints), or any model spec: "
+        f"{MODEL_SPECS_HELP}",
     )
     evaluation.add_argument("--games", nargs="+", metavar="SPEC", help="game specs (see `selfplay games list`)")
     evaluation.add_argument(
         "--suite", help="a suite YAML file, or the name of a suite in configs/suites (train, held_out)"
     )
     evaluation.add_argument(
-        "--opponents", help=f"comma-separated agent specs (default: the suite's, else random). {agent_help()}"
+        "--opponents",
+        help=f"comma-separated agent specs (default: the suite's, else random). {agents_help(unattended=True)}",
     )
     evaluation.add_argument(
         "--episodes", type=EPISODES, help="games per checkpoint, game and opponent (default: the suite's, else 50)"
@@ -310,10 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--seed", type=SEED, default=0, help="seed for deals, agents and sampling (default 0)")
     evaluation.add_argument("--out", default="eval", help="output directory (default ./eval)")
     evaluation.add_argument("--backend", choices=BACKENDS, default="hf", help="generation backend (default hf)")
-    evaluation.add_argument("--temperature", type=TEMPERATURE, default=1.0, help="sampling temperature (default 1)")
-    evaluation.add_argument("--decoding", choices=DECODINGS, default="free", help=DECODING_HELP)
-    evaluation.add_argument("--prompt", choices=PROMPT_STYLES, default="full", help=PROMPT_HELP)
-    evaluation.add_argument("--max-new-tokens", type=MAX_NEW_TOKENS, default=32, help="tokens per turn (default 32)")
+    _add_style_options(evaluation, max_new_tokens=RolloutConfig.max_new_tokens)
     evaluation.add_argument(
         "--max-turns", type=MAX_TURNS, help="turn cap per game (default: the game's own maximum length)"
     )
@@ -327,6 +360,17 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--no-exploitability", action="store_true", help="skip exact exploitability")
     evaluation.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     evaluation.set_defaults(run=_cmd_eval)
+
+    export = commands.add_parser(
+        "export",
+        help="write a model as a standalone Hugging Face model directory",
+        description="Write the model a spec names as a Hugging Face model directory (configuration, weights, "
+        "tokenizer; a LoRA run's weights merged), which AutoModelForCausalLM.from_pretrained loads and which "
+        "`selfplay play --agents model:OUT_DIR` plays as the model's run did.",
+    )
+    export.add_argument("spec", metavar="SPEC", help=f"the model: {MODEL_SPECS_HELP}")
+    export.add_argument("out_dir", metavar="OUT_DIR", help="a new (or empty) directory to write it into")
+    export.set_defaults(run=_cmd_export)
 
     league = commands.add_parser("league", help="inspect a league", description="Inspect a training run's league.")
     league_commands = league.add_subparsers(dest="league_command", required=True, metavar="COMMAND")

@@ -45,7 +45,6 @@ from selfplay.checkpoint import (
     save_checkpoint,
 )
 from selfplay.config import TrainConfig, config_to_dict, load_config
-from selfplay.default_model import resolve_model
 from selfplay.distributed.learner_group import LearnerGroup, LearnerProcessDied
 from selfplay.errors import UserError
 from selfplay.evaluation import exact_play
@@ -69,6 +68,7 @@ from selfplay.league.matchmaking import MAIN, SELF, is_fixed, rule_error
 from selfplay.league.population import snapshot_name
 from selfplay.league.store import LeagueStore
 from selfplay.learner import Learner, NonFiniteUpdate, Sample
+from selfplay.model_specs import model_directory
 from selfplay.records import Trajectory
 from selfplay.roles.base import advantage_key
 from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
@@ -158,8 +158,14 @@ def vllm_shares_learner_gpu(config: TrainConfig) -> bool:
 
 def eval_pairings(config: TrainConfig) -> dict[str, list[str]]:
     """The (game, fixed opponent) pairings evaluated every `eval.every` steps."""
-    pairings, _ = plan_pairings(config.eval.games or list(config.games), config.eval.opponents)
-    return pairings
+    plan = plan_pairings(config.eval.games or list(config.games), config.eval.opponents)
+    if plan.models:
+        raise UserError(
+            f"eval.opponents names the model {', '.join(plan.models)}: a run evaluates its policy against scripted "
+            "agents only. Evaluate it against a model afterwards: selfplay eval --checkpoints "
+            f"{config.run_dir} --opponents {','.join(plan.models)}."
+        )
+    return plan.games
 
 
 def learner_view(trajectory: Trajectory, label: str) -> Trajectory:
@@ -263,7 +269,7 @@ class Trainer:
                 "Raise steps to continue it.",
                 file=sys.stderr,
             )
-        self.model_path = resolve_model(config.model)
+        self.model_path = model_directory(config.model)
         self.games = {spec: make_game(spec) for spec in config.games}  # asked for their own figures each step
         self.shared_base = None  # the initial model under the exploiters' adapters, once needed
         self.rollout_settings = RolloutSettings.from_config(config.rollout)

@@ -8,13 +8,13 @@ import io
 import numpy as np
 import pytest
 
-from selfplay.agents import IncompatibleAgentError, applicable_agents, make_agent
+from selfplay.agents import IncompatibleAgentError, agent_help, applicable_agents, make_agent
 from selfplay.agents.human import HumanAgent, InputClosedError
 from selfplay.agents.nash import NashAgent
 from selfplay.errors import UserError
 from selfplay.evaluation.scoreboard import tally
 from selfplay.games import TextGame, TextGameEnv, make_env, make_game
-from selfplay.match import play_series
+from selfplay.match import agents_help, parse_agent, play_series
 
 _BET = 1
 
@@ -231,3 +231,19 @@ def test_human_stops_cleanly_at_end_of_input():
     with pytest.raises(InputClosedError):
         human.act(env)
     assert issubclass(InputClosedError, UserError)
+
+
+def test_human_plays_in_the_terminal_only_and_no_unattended_command_seats_it():
+    assert "human (you, in the terminal)" in agent_help() and "human" not in agent_help(interactive=False)
+    assert "human" in agents_help() and "human" not in agents_help(unattended=True)
+    assert "model:SPEC" in agents_help(unattended=True)
+    assert parse_agent("human") == "human" and parse_agent("mcts:5", unattended=True) == "mcts:5"
+    with pytest.raises(
+        UserError, match="plays in the terminal, one move at a time, but eval plays its games unattended"
+    ):
+        parse_agent("human", unattended=True)
+    with pytest.raises(UserError, match="Unknown agent 'alphago'. Agents: random .*model:SPEC") as unknown:
+        parse_agent("alphago", unattended=True)
+    assert "human" not in str(unknown.value)
+    with pytest.raises(UserError, match="'model:' needs a model spec"):
+        parse_agent("model:")

@@ -46,6 +46,8 @@ AGENTS: dict[str, tuple[Callable[[TextGame, int, str | None], Agent], str]] = {
     "nash": (_nash, "equilibrium policy solved with OpenSpiel's CFR+; nash:N sets N iterations"),
     "human": (_human, "you, in the terminal"),
 }
+# Agents that play in the terminal, one move at a time: a command that plays unattended seats none.
+INTERACTIVE_AGENTS = frozenset({"human"})
 
 
 def make_agent(spec: str, game: TextGame, seed: int) -> Agent:
@@ -70,8 +72,10 @@ def applicable_agents(game: TextGame) -> list[str]:
     return [name for name in AGENTS if refusals.get(name) is None]
 
 
-def agent_help() -> str:
-    return "; ".join(f"{name} ({about})" for name, (_, about) in AGENTS.items())
+def agent_help(interactive: bool = True) -> str:
+    """Each agent and what it is; the `INTERACTIVE_AGENTS` only if `interactive`."""
+    shown = [name for name in AGENTS if interactive or name not in INTERACTIVE_AGENTS]
+    return "; ".join(f"{name} ({AGENTS[name][1]})" for name in shown)
 
 
 def _no_argument(name: str, arg: str | None) -> None:
@@ -91,6 +95,7 @@ def _positive_int(name: str, arg: str | None, default: int) -> int:
 
 __all__ = [
     "AGENTS",
+    "INTERACTIVE_AGENTS",
     "Agent",
     "IncompatibleAgentError",
     "UnknownAgentError",
