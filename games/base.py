@@ -145,12 +145,16 @@ class InvalidMovePolicy:
 
     The player gets `retries` further attempts at the same turn; after that the game ends at
     once with `penalty` for the offender and `opponent_reward` for every other player
-    (SPIRAL's training values by default).
+    (SPIRAL's training values by default). An output that marks an answer in the game's answer
+    format, though not a legal move or cut off after it, is penalised `penalty + format_credit`
+    instead: credit for the format alone, as DeepSeek-R1's format reward gives, so that a model
+    that never writes a legal move still has something to learn from.
     """
 
     retries: int = 0
     penalty: float = -1.5
     opponent_reward: float = 0.5
+    format_credit: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -304,7 +308,10 @@ class TextGameEnv(AECEnv):
             self._feedback = f"Your previous answer was invalid ({reason}). Try again."
             return
         policy = self.invalid_moves
-        self._finish("invalid_move", {a: policy.penalty if a == agent else policy.opponent_reward for a in self.agents})
+        text = _output_text(action) if isinstance(action, str | UnfinishedOutput) else ""
+        marked = self.game.answer_format.extract(text) is not None
+        penalty = policy.penalty + (policy.format_credit if marked else 0.0)
+        self._finish("invalid_move", {a: penalty if a == agent else policy.opponent_reward for a in self.agents})
 
     def _finish(self, reason: str, rewards: dict[str, float], truncated: bool = False) -> None:
         self.end_reason = reason

@@ -84,6 +84,9 @@ class RolloutConfig:
     retries: int = 0  # re-asks after an invalid move before it ends the game
     invalid_penalty: Reward = -1.5  # SPIRAL's training values
     invalid_opponent_reward: Reward = 0.5
+    # added to invalid_penalty when the output marks an answer (e.g. \\boxed{...}) that is no legal
+    # move: a reward for the format alone, for a model that starts writing no legal move at all
+    format_credit: Reward = 0.0
 
     def __post_init__(self):
         if self.decoding == "legal" and self.top_p < 1:

@@ -4,7 +4,7 @@ from pettingzoo.test import api_test, seed_test
 
 from selfplay.errors import UserError
 from selfplay.games import AnswerFormat, InvalidMovePolicy, TextGameEnv
-from selfplay.games.base import MAX_TEXT_LENGTH
+from selfplay.games.base import MAX_TEXT_LENGTH, UnfinishedOutput
 
 
 def make(count_to, **kwargs):
@@ -75,6 +75,19 @@ def test_retries_keep_the_turn_and_explain_the_error(count_to):
     finals = play_out(env, ["a", "b", "c"])
     assert finals == {"player_0": 1.0, "player_1": -1.0}
     assert len(env.invalid_log["player_1"]) == 3
+
+
+def test_format_credit_rewards_a_marked_answer_that_names_no_legal_move(count_to):
+    policy = InvalidMovePolicy(penalty=-1.5, opponent_reward=0.5, format_credit=0.5)
+    finals = {}
+    outputs = ("\\boxed{7}", "7, I think", UnfinishedOutput("\\boxed{1} and then"), UnfinishedOutput("\\boxed{1"))
+    for output in outputs:
+        env = make(count_to, invalid_moves=policy)
+        finals[str(output)] = play_out(env, [output])
+        assert env.end_reason == "invalid_move" and len(env.invalid_log["player_0"]) == 1
+    # A whole answer marker earns the credit, even in a response cut off after it (still an invalid move).
+    assert [f["player_0"] for f in finals.values()] == [-1.0, -1.5, -1.0, -1.5]
+    assert all(f["player_1"] == 0.5 for f in finals.values())
 
 
 def test_turn_cap_is_a_truncated_draw(count_to):
