@@ -74,6 +74,7 @@ class RolloutSettings:
                 retries=rollout.retries,
                 penalty=rollout.invalid_penalty,
                 opponent_reward=rollout.invalid_opponent_reward,
+                format_credit=rollout.format_credit,
             ),
             concurrency=rollout.concurrency,
         )
