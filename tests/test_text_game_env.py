@@ -78,7 +78,11 @@ def test_retries_keep_the_turn_and_explain_the_error(count_to):
 
 
 def test_format_credit_rewards_a_marked_answer_that_names_no_legal_move(count_to):
-    policy = InvalidMovePolicy(penalty=-1.5, opponent_reward=0.5, format_credit=0.5)
+    from selfplay.config import RolloutConfig
+    from selfplay.rollouts import RolloutSettings
+
+    policy = RolloutSettings.from_config(RolloutConfig(format_credit=0.5)).invalid_moves
+    assert policy == InvalidMovePolicy(penalty=-1.5, opponent_reward=0.5, format_credit=0.5)
     finals = {}
     outputs = ("\\boxed{7}", "7, I think", UnfinishedOutput("\\boxed{1} and then"), UnfinishedOutput("\\boxed{1"))
     for output in outputs:
