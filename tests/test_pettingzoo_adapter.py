@@ -8,9 +8,14 @@ import types
 import gymnasium
 import numpy as np
 import pytest
+from pettingzoo import AECEnv, ParallelEnv
+from pettingzoo.test import api_test
 
 from selfplay.errors import UserError
 from selfplay.games import make_env, make_game
+from selfplay.games.pettingzoo_game import PettingZooGame
+from selfplay.games.registry import describe_games
+from tests.test_registry import readme_example
 
 CONNECT_FOUR = "pettingzoo:pettingzoo.classic.connect_four_v3"
 TICTACTOE = "pettingzoo:pettingzoo.classic.tictactoe_v3"
@@ -39,7 +44,6 @@ def test_connect_four_state_shows_each_player_its_own_pieces_as_x():
     mine, theirs = game.describe(0), game.describe(1)
     assert mine.splitlines()[-2:] == [" 4 . . . X . . .", " 5 . . . X O . ."]
     assert theirs.splitlines()[-2:] == [" 4 . . . O . . .", " 5 . . . O X . ."]
-    assert "agent 'player_1'" in theirs
     tensor = game.observation_tensor(0)
     assert tensor.dtype == np.float32 and tensor.shape == (6, 7, 2) and tensor.sum() == 3
     assert "Moves: Your move is a column number, 0 (left) to 6 (right)" in game.rules
@@ -51,7 +55,7 @@ def test_go_board_shows_the_player_to_move_and_the_waiting_one_their_own_stones_
     env.reset(seed=0)
     env.step(env.answer("1"))  # black at row 0, column 1
     env.step(env.answer("7"))  # white at row 1, column 2
-    black, white = env.observe("player_0")["view"].splitlines(), env.observe("player_1")["view"].splitlines()
+    black, white = env.observe("black_0")["view"].splitlines(), env.observe("white_0")["view"].splitlines()
     assert black[2:4] == [" 0 . X . . .", " 1 . . O . ."] and white[2:4] == [" 0 . O . . .", " 1 . . X . ."]
     assert "row r and column c is 5 * r + c" in env.game.rules and "25 passes" in env.game.rules
 
@@ -98,12 +102,13 @@ def test_tictactoe_uses_the_environments_agents():
     assert game.is_over() and game.returns() == [1.0, -1.0]
 
 
-class _FakeEnv:
+class _FakeEnv(AECEnv):
     possible_agents = ["a", "b"]
     agent_selection = "a"
     metadata = {"name": "fake_v0"}
 
     def __init__(self, space: gymnasium.Space, obs: object):
+        super().__init__()
         self.space, self.obs = space, obs
 
     def action_space(self, agent):
@@ -132,8 +137,177 @@ def test_unusable_environments_raise_user_errors(monkeypatch):
     box = gymnasium.spaces.Box(-1, 1, shape=(2,))
     with pytest.raises(UserError, match="Box action space"):
         make_game(_fake_module(monkeypatch, "fake_box", env=lambda: _FakeEnv(box, {"observation": np.zeros(2)})))
-    discrete = gymnasium.spaces.Discrete(3)
-    with pytest.raises(UserError, match="action mask"):
-        make_game(_fake_module(monkeypatch, "fake_unmasked", env=lambda: _FakeEnv(discrete, np.zeros(2))))
     with pytest.raises(UserError, match="parameters"):
         make_game(f"{CONNECT_FOUR}(board_size=9)")
+
+
+RPS = "pettingzoo:pettingzoo.classic.rps_v2"
+
+
+def _play_rounds(env, rounds: list[tuple[str, str]]) -> None:
+    for first, second in rounds:
+        env.step(env.answer(first))
+        env.step(env.answer(second))
+
+
+def test_an_environment_without_a_mask_offers_every_action_and_plays_out_its_rounds():
+    env = make_env(f"{RPS}(max_cycles=2)")
+    env.reset(seed=0)
+    assert env.legal_moves() == ["0", "1", "2"] and env.game.max_length == 4
+    assert "Moves are simultaneous" in env.game.rules
+    _play_rounds(env, [("0", "1"), ("2", "1")])  # rock loses to paper, scissors beat paper
+    assert env.end_reason == "game_over" and not env.game.truncated()
+    assert env.episode_returns == {"player_0": 0.0, "player_1": 0.0}
+    env.reset(seed=0)
+    _play_rounds(env, [("0", "2"), ("1", "0")])
+    assert env.end_reason == "game_over" and env.episode_returns == {"player_0": 2.0, "player_1": -2.0}
+
+
+def test_the_prompt_names_each_player_as_the_environment_does():
+    env = make_env(TICTACTOE)
+    env.reset(seed=0)
+    assert env.possible_agents == ["player_1", "player_2"]
+    for agent in env.possible_agents:
+        state = env.observe(agent)["state"]
+        other = next(a for a in env.possible_agents if a != agent)
+        assert state.startswith(f"You are {agent}.") and "player_0" not in state
+        assert f"You are {other}" not in state
+
+
+class _SealedBids(ParallelEnv):
+    """A one-round simultaneous auction: the higher bid of 0-3 wins 1, a tie scores 0. Its
+    drawing lists the finished rounds' bids, as a parallel environment's own render may."""
+
+    metadata = {"name": "sealed_bids_v0", "render_modes": ["ansi"]}
+    possible_agents = ["bidder_0", "bidder_1"]
+
+    def __init__(self, render_mode: str | None = None):
+        self.render_mode = render_mode
+
+    def action_space(self, agent):
+        return gymnasium.spaces.Discrete(4)
+
+    def observation_space(self, agent):
+        return gymnasium.spaces.Box(0, 3, shape=(2,), dtype=np.float32)
+
+    def reset(self, seed=None, options=None):
+        self.agents = self.possible_agents[:]
+        self.bids: dict[str, int] = {}
+        return {a: np.zeros(2, dtype=np.float32) for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions):
+        self.bids = dict(actions)
+        high = max(self.bids.values())
+        winners = [a for a, bid in self.bids.items() if bid == high]
+        rewards = {a: (0.0 if len(winners) > 1 else 1.0 if a in winners else -1.0) for a in self.agents}
+        observations = {a: np.array([self.bids["bidder_0"], self.bids["bidder_1"]], np.float32) for a in self.agents}
+        done = dict.fromkeys(self.agents, True)
+        infos = {a: {} for a in self.agents}
+        self.agents = []
+        return observations, rewards, done, dict.fromkeys(done, False), infos
+
+    def render(self):
+        return "Bids so far: " + (", ".join(f"{a} {bid}" for a, bid in self.bids.items()) or "none")
+
+
+@pytest.mark.parametrize("factory", ["parallel_env", "make_auction"])
+def test_a_parallel_environment_hides_each_round_until_every_player_has_moved(monkeypatch, factory):
+    spec = _fake_module(monkeypatch, "fake_auction", **{factory: _SealedBids})
+    env = make_env(spec if factory == "parallel_env" else f"{spec}.{factory}")
+    seen_by_second = set()
+    for first_bid in ("0", "3"):
+        env.reset(seed=0)
+        env.step(env.answer(first_bid))
+        assert env.agent_selection == "bidder_1"
+        obs = env.observe("bidder_1")
+        assert "Bids so far: none" in obs["state"] and "bidder_0 " not in obs["state"]
+        seen_by_second.add((obs["state"], obs["view"], obs["observation"].tobytes()))
+    assert len(seen_by_second) == 1  # the second bidder's prompt is the same whatever the first bid
+    env.step(env.answer("2"))
+    assert env.end_reason == "game_over" and env.episode_returns == {"bidder_0": 1.0, "bidder_1": -1.0}
+    assert "Bids so far: bidder_0 3, bidder_1 2" in env.observe("bidder_0")["view"]
+
+
+def test_the_second_player_of_a_round_sees_nothing_of_the_first_players_move():
+    for spec in (RPS, f"{RPS}.parallel_env"):
+        prompts = set()
+        for first in ("0", "1", "2"):
+            env = make_env(spec)
+            env.reset(seed=0)
+            _play_rounds(env, [("1", "2")])
+            env.step(env.answer(first))
+            obs = env.observe("player_1")
+            prompts.add((obs["state"], obs["view"], obs["observation"].tobytes()))
+        assert len(prompts) == 1 and "Your observation: 1" in prompts.pop()[0]  # the last round's paper
+
+
+@pytest.fixture
+def rps_package(install_game_package):
+    """The README's rock, paper, scissors, installed as a package registering it by entry point."""
+    install_game_package(
+        "rps", readme_example("PettingZoo environments"), "rock_paper_scissors = my_games.rps:rock_paper_scissors"
+    )
+
+
+def test_the_readme_text_hook_names_moves_and_shows_state_without_subclassing(rps_package):
+    assert ("rock_paper_scissors", "Rock, paper, scissors: PettingZoo's rps_v2 with named moves.") in describe_games()
+    env = make_env("rock_paper_scissors(max_cycles=2)")
+    api_test(env, num_cycles=50)
+    env.reset(seed=0)
+    assert env.game.rules.startswith("Rock, paper, scissors, over several rounds.")
+    state = env.observe("player_0")["state"]
+    assert "0 of 2 rounds played.\n" in state and "Legal moves: rock, paper, scissors" in state
+    env.step("\\boxed{Rock}")
+    env.step("I pick \\boxed{ paper }")
+    assert env.observe("player_0")["view"] == "1 of 2 rounds played. Your opponent last played paper."
+    env.step("\\boxed{2}")  # an action number is not a move where moves are named
+    assert env.end_reason == "invalid_move" and "'2' is not a legal move" in env.invalid_log["player_0"][0]["reason"]
+
+
+def test_a_drawing_or_a_state_text_shows_a_board_of_unknown_planes(monkeypatch):
+    planes = {"observation": np.zeros((3, 3, 4)), "action_mask": np.ones(9, dtype=np.int8)}
+
+    class Drawn(_FakeEnv):
+        metadata = {"name": "fake_v0", "render_modes": ["ansi"]}
+
+        def __init__(self, render_mode=None):
+            super().__init__(gymnasium.spaces.Discrete(9), planes)
+            self.render_mode = render_mode
+
+        def observe(self, agent):
+            return planes
+
+        def render(self):
+            return "a drawing"
+
+    spec = _fake_module(monkeypatch, "fake_drawn", env=Drawn)
+    drawn = make_game(spec)
+    assert drawn.describe(0) == "a drawing" and "as the environment draws it" in drawn.rules
+    with pytest.raises(UserError, match="4 feature planes.*give the adapter a state_text function"):
+        make_game(f"{spec}(render_mode=None)")
+    described = PettingZooGame("fake_drawn", render_mode=None, state_text=lambda env, agent: f"{agent}'s view")
+    assert described.describe(1) == "b's view"
+
+
+def test_text_hooks_that_cannot_work_are_refused_naming_the_fix():
+    with pytest.raises(UserError, match="state_text .* is a str; it must be a function"):
+        PettingZooGame(RPS[len("pettingzoo:") :], state_text="the board")
+    with pytest.raises(UserError, match="move_names .* is a int; give a mapping or a list"):
+        PettingZooGame(RPS[len("pettingzoo:") :], move_names=3)
+    short = PettingZooGame(RPS[len("pettingzoo:") :], move_names={0: "rock", 1: "paper"})
+    short.reset(np.random.default_rng(0))
+    with pytest.raises(UserError, match="no name for action 2"):
+        short.legal_moves()
+    same = PettingZooGame(RPS[len("pettingzoo:") :], move_names=lambda env, action: "rock")
+    same.reset(np.random.default_rng(0))
+    with pytest.raises(UserError, match="names actions 0 and 1 both 'rock'"):
+        same.legal_moves()
+
+
+def test_a_factory_that_makes_no_environment_is_refused(monkeypatch):
+    with pytest.raises(UserError, match="os.getcwd made a str, not a PettingZoo AEC or parallel environment"):
+        make_game("pettingzoo:os.getcwd")
+    with pytest.raises(UserError, match="no env\\(\\) or parallel_env\\(\\)"):
+        make_game("pettingzoo:os")
+    with pytest.raises(UserError, match="Cannot import.*os.no_such_function.*MODULE.FACTORY"):
+        make_game("pettingzoo:os.no_such_function")

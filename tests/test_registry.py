@@ -1,5 +1,4 @@
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -57,26 +56,16 @@ def test_every_native_game_is_registered_and_described():
         assert (games[name]().__doc__ or "").strip(), f"{name} needs a one-line description"
 
 
-def _readme_example_source() -> str:
-    section = README.read_text().split("## Adding a game", 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+def readme_example(section: str = "Adding a game") -> str:
+    """The first Python example of a section of games/README.md."""
+    text = README.read_text().split(f"## {section}\n", 1)[1]
+    return re.search(r"```python\n(.*?)```", text, re.S).group(1)
 
 
 @pytest.fixture
-def installed_example_package(tmp_path, monkeypatch):
+def installed_example_package(install_game_package):
     """The README's worked example, installed as a third-party package with an entry point."""
-    package = tmp_path / "my_games"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "race.py").write_text(_readme_example_source())
-    dist = tmp_path / "my_games-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-games\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[selfplay.games]\nrace_to_21 = my_games.race:RaceTo21\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield
-    sys.modules.pop("my_games.race", None)
-    sys.modules.pop("my_games", None)
+    install_game_package("race", readme_example(), "race_to_21 = my_games.race:RaceTo21")
 
 
 def test_readme_example_registers_through_entry_point(installed_example_package):
