@@ -7,8 +7,9 @@ A game spec is one of:
   callable that takes the spec's keyword arguments and returns a `TextGame`);
 - `openspiel:NAME` or `openspiel:NAME(key=value, ...)`: any turn-based OpenSpiel game of two
   or more players, with OpenSpiel's own game parameters;
-- `pettingzoo:MODULE` or `pettingzoo:MODULE(key=value, ...)`: any PettingZoo AEC environment
-  with discrete actions and action masks, for example `pettingzoo:pettingzoo.classic.connect_four_v3`.
+- `pettingzoo:MODULE` or `pettingzoo:MODULE(key=value, ...)`: any PettingZoo environment
+  with discrete actions, AEC or parallel, for example `pettingzoo:pettingzoo.classic.connect_four_v3`
+  (`pettingzoo:MODULE.FACTORY` names the function that makes it).
 """
 
 from __future__ import annotations
@@ -176,6 +177,6 @@ def describe_games() -> list[tuple[str, str]]:
 def _spec_help() -> str:
     return (
         f"Games: {', '.join(registered_games())}. Adapters: openspiel:NAME[(key=value,...)] for "
-        f"turn-based OpenSpiel games of two or more players, pettingzoo:MODULE for PettingZoo AEC "
-        f"environments with action masks. Run `selfplay games list` for details."
+        f"turn-based OpenSpiel games of two or more players, pettingzoo:MODULE for PettingZoo "
+        f"environments with discrete actions. Run `selfplay games list` for details."
     )
