@@ -3,15 +3,22 @@
 `OpenSpielGame` runs an OpenSpiel state machine behind the `TextGame` protocol: chance nodes
 are sampled by the environment's generator, the text comes from OpenSpiel's own observation
 or information-state strings and action names, the rules from `openspiel_rules`. It serves
-directly as the `openspiel:NAME` adapter, for any turn-based game of two or more players;
+directly as the `openspiel:NAME` adapter, for any game of two or more players, turn-based or
+with simultaneous moves (played through OpenSpiel's own turn-based conversion, which shows no
+player another's choice of a round before the round is complete);
 native games subclass it to write their own rules, state text and move names while keeping an
 exact OpenSpiel twin, which search and solver agents (MCTS, CFR) and exploitability use.
 """
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import math
-from collections.abc import Sequence
+import os
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pyspiel
@@ -19,6 +26,7 @@ import pyspiel
 from selfplay.errors import UserError
 from selfplay.games.base import MAX_TEXT_LENGTH, TextGame, ascii_text
 from selfplay.games.openspiel_rules import rules_for, utility_kind
+from selfplay.games.registry import check_parameters
 
 # The ante that Kuhn Poker and Leduc Hold'em take from each player; they have no blinds.
 ANTE_GAMES = {"kuhn_poker": 1.0, "leduc_poker": 1.0}
@@ -46,26 +54,24 @@ def poker_big_blind(game: pyspiel.Game) -> float | None:
 
 
 class OpenSpielGame(TextGame):
-    """Any turn-based OpenSpiel game of two or more players, rendered from OpenSpiel's own strings."""
+    """Any OpenSpiel game of two or more players, turn-based or simultaneous-move, rendered from
+    OpenSpiel's own strings."""
 
     def __init__(self, name: str, **params):
         # Checked here, as OpenSpiel prints to the terminal whatever it refuses (every game's name).
         if name not in pyspiel.registered_names():
             raise UserError(f"OpenSpiel has no game '{name}' (pyspiel.registered_names() lists its games).")
         try:
-            game = pyspiel.load_game(name) if params else None
-            # Hanabi states its parameters only in its specification.
-            known = {**game.get_parameters(), **game.get_type().parameter_specification} if params else {}
-            unknown = sorted(set(params) - set(known))
-            if unknown:
-                raise UserError(
-                    f"OpenSpiel game '{name}' has no parameter '{unknown[0]}'; its parameters: "
-                    f"{', '.join(known) or 'none'}."
-                )
-            self.spiel_game = pyspiel.load_game(name, params)
-            _check_size(self.spiel_game)
-            self.state: pyspiel.State = self.spiel_game.new_initial_state()
-        except pyspiel.SpielError as err:
+            with native_errors_held():
+                game = pyspiel.load_game(name, _checked_parameters(name, params))
+                _check_size(game)
+                simultaneous = game.get_type().dynamics == pyspiel.GameType.Dynamics.SIMULTANEOUS
+                # The game as OpenSpiel defines it, where its moves are simultaneous (its rules and names come
+                # from it); `spiel_game`, what is played, is then OpenSpiel's own turn-based form of it.
+                self.simultaneous_game: pyspiel.Game | None = game if simultaneous else None
+                self.spiel_game = pyspiel.convert_to_turn_based(game) if simultaneous else game
+                self.state: pyspiel.State = self.spiel_game.new_initial_state()
+        except (pyspiel.SpielError, IndexError) as err:  # IndexError: a C++ lookup of a setting it lacks (nfg_game)
             raise UserError(f"OpenSpiel cannot load '{name}' with {params}: {err}") from None
         kind = self.spiel_game.get_type()
         if self.spiel_game.num_players() < 2:
@@ -73,7 +79,10 @@ class OpenSpielGame(TextGame):
                 f"OpenSpiel game '{name}' has {self.spiel_game.num_players()} player; self-play needs 2 or more."
             )
         if kind.dynamics != pyspiel.GameType.Dynamics.SEQUENTIAL:
-            raise UserError(f"OpenSpiel game '{name}' is not turn-based (simultaneous moves are not supported).")
+            raise UserError(
+                f"OpenSpiel game '{name}' is a {kind.dynamics.name.lower().replace('_', '-')} game; self-play plays "
+                "turn-based and simultaneous-move games."
+            )
         self.num_players = self.spiel_game.num_players()
         self.zero_sum = kind.utility == pyspiel.GameType.Utility.ZERO_SUM
         self.cooperative = kind.utility == pyspiel.GameType.Utility.IDENTICAL
@@ -85,6 +94,11 @@ class OpenSpielGame(TextGame):
         self._rng = np.random.default_rng(0)  # until `reset` hands the game its generator
         self._check_promptable()
         self.rules = self.rules_text()
+
+    @property
+    def defined_game(self) -> pyspiel.Game:
+        """The game as OpenSpiel defines it: `spiel_game`, or the simultaneous-move game it plays in turns."""
+        return self.simultaneous_game or self.spiel_game
 
     # -- the state machine ---------------------------------------------------------------
 
@@ -103,6 +117,8 @@ class OpenSpielGame(TextGame):
 
     def _play_chance(self) -> None:
         while self.state.is_chance_node():
+            if not self.state.chance_outcomes():
+                raise UserError(f"OpenSpiel's '{self.defined_game}' deals nothing at these parameters: choose others.")
             actions, probs = zip(*self.state.chance_outcomes())
             self.state.apply_action(actions[self._rng.choice(len(actions), p=probs)])
 
@@ -127,7 +143,7 @@ class OpenSpielGame(TextGame):
             return method(*args)
         except UnicodeDecodeError as err:
             raise UserError(
-                f"OpenSpiel's '{self.spiel_game}' writes text that is not UTF-8 ({bytes(err.object[:24])!r}...), so "
+                f"OpenSpiel's '{self.defined_game}' writes text that is not UTF-8 ({bytes(err.object[:24])!r}...), so "
                 "no player could read its state or moves. Its text is broken at these parameters: choose smaller ones."
             ) from None
 
@@ -136,6 +152,11 @@ class OpenSpielGame(TextGame):
         mover's legal moves), so that a game OpenSpiel cannot write, or whose first state is too long
         to prompt, is refused before anything is played or written."""
         self._play_chance()
+        if self.state.is_terminal():
+            raise UserError(
+                f"OpenSpiel's '{self.defined_game}' is over before anyone moves (its first state is terminal): "
+                "there is nothing to play. Choose other parameters."
+            )
         try:
             views = [len(self._view(player)) for player in range(self.num_players)]
             mover = self.state.current_player()
@@ -145,7 +166,7 @@ class OpenSpielGame(TextGame):
         longest = max(views) + sum(len(name) + 2 for name in names)  # listed as "a, b, ..."
         if longest > MAX_TEXT_LENGTH:
             raise UserError(
-                f"OpenSpiel's '{self.spiel_game}' is too large to prompt: its first state's view and legal moves "
+                f"OpenSpiel's '{self.defined_game}' is too large to prompt: its first state's view and legal moves "
                 f"take {longest:,} characters, more than an observation holds ({MAX_TEXT_LENGTH:,}). Choose "
                 "smaller parameters."
             )
@@ -180,18 +201,25 @@ class OpenSpielGame(TextGame):
     def rules_text(self) -> str:
         """The rules shown to every player: what OpenSpiel says of the game, its objective and how
         moves are written (`openspiel_rules`); native games write their own."""
-        kind, game = self.spiel_game.get_type(), self.spiel_game
-        info = "perfect" if self._perfect_information else "imperfect"
+        game = self.defined_game
+        kind = game.get_type()
+        info = "perfect" if kind.information == pyspiel.GameType.Information.PERFECT_INFORMATION else "imperfect"
+        order = (
+            "its moves are simultaneous: each round every player chooses a move in turn, player 0 first, and no "
+            "player sees another's choice of that round until all have chosen"
+            if self.simultaneous_game
+            else "player 0 moving first"
+        )
         rules = rules_for(game)
         return (
             f"You are playing {kind.long_name} (OpenSpiel game '{game}'), a {utility_kind(game)} game for "
-            f"{self.num_players} players with {info} information, player 0 moving first; a game lasts at most "
-            f"{game.max_game_length()} moves.\nObjective: {rules.objective}\nHow a move is written: {rules.moves} "
+            f"{self.num_players} players with {info} information, {order}; a game lasts at most "
+            f"{self.max_length} moves.\nObjective: {rules.objective}\nHow a move is written: {rules.moves} "
             f"Each turn you see the state as OpenSpiel draws it and your legal moves; answer with one of them."
         )
 
     def describe(self, player: int) -> str:
-        sides = rules_for(self.spiel_game).sides
+        sides = rules_for(self.defined_game).sides
         side = f", playing {sides[player]}" if player < len(sides) else ""
         return (
             f"You are player {player} of {self.num_players}{side}.\nCurrent state (as OpenSpiel writes it):\n"
@@ -206,6 +234,41 @@ class OpenSpielGame(TextGame):
         ) and kind.provides_observation_string:
             return self._spiel_text(self.state.observation_string, player)
         return self._spiel_text(self.state.information_state_string, player)
+
+
+def _checked_parameters(name: str, params: dict) -> dict:
+    """`params` checked against the parameters OpenSpiel's game `name` takes (their names, and the
+    type of each default), a whole number given for a real-valued parameter made the float that
+    OpenSpiel requires."""
+    if not params:
+        return params
+    game = pyspiel.load_game(name)
+    # Hanabi states its parameters only in its specification.
+    defaults = {**game.get_parameters(), **game.get_type().parameter_specification}
+    accepted = {
+        key: inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=value, annotation=type(value))
+        for key, value in defaults.items()
+    }
+    check_parameters(f"OpenSpiel game '{name}'", params, accepted)
+    return {key: float(value) if type(defaults[key]) is float else value for key, value in params.items()}
+
+
+@contextlib.contextmanager
+def native_errors_held() -> Iterator[None]:
+    """Hold what OpenSpiel's C++ code writes to the process's stderr inside the block: it prints
+    each error before raising it as a SpielError, whose message says the same. Written out after
+    a block that succeeds; dropped when the block raises, leaving the one message made from it."""
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as held:
+        stderr = os.dup(2)
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(stderr, 2)
+            os.close(stderr)
+        held.seek(0)
+        sys.stderr.write(held.read().decode(errors="replace"))
 
 
 def _check_size(game: pyspiel.Game) -> None:

@@ -168,12 +168,21 @@ CATALOGUE: dict[str, GameRules] = {
         "(Play i) or (Discard i) for the card in position i of your hand (from 0), or a hint such as (Reveal "
         "player +1 color R) or (Reveal player +1 rank 1) about another player's hand.",
     ),
+    "goofspiel": GameRules(
+        "Score more points than your opponent. Each round one point card is turned up (worth its number); every "
+        "player bids one card of their own hand, unseen, and the highest bid wins the point card's value. Tied "
+        "highest bids win nothing, and bid cards are spent.",
+        "the whole move name as listed: '[P0]Bid: 3' bids your card 3.",
+    ),
     "first_sealed_auction": GameRules(
         "Each player has a private value for the item and bids once, unseen; the highest bid wins the item "
         "and pays its bid, so the winner gains value minus bid and everyone else 0.",
         "the whole move name as listed: 'Player 0 bid: 3'.",
     ),
 }
+
+# The most cells of a matrix game's payoffs that its rules list; a larger table would swamp the prompt.
+MAX_PAYOFF_CELLS = 100
 
 _UTILITY = {
     pyspiel.GameType.Utility.ZERO_SUM: "zero-sum",
@@ -202,8 +211,25 @@ def fallback_objective(game: pyspiel.Game) -> str:
     )
 
 
+def payoff_table(game: pyspiel.MatrixGame) -> str:
+    """What each pair of moves pays the two players of a one-shot matrix game."""
+    cells = [
+        f"{game.row_action_name(row)} against {game.col_action_name(col)}: {game.player_utility(0, row, col):g} and "
+        f"{game.player_utility(1, row, col):g}"
+        for row in range(game.num_rows())
+        for col in range(game.num_cols())
+    ]
+    return (
+        f"Payoffs (player 0's move against player 1's: what player 0 gets and what player 1 gets): {'; '.join(cells)}."
+    )
+
+
 def rules_for(game: pyspiel.Game) -> GameRules:
-    """The catalogue's rules of `game`, or rules built from its `GameType` and `GameInfo`."""
+    """The catalogue's rules of `game`, or rules built from its `GameType` and `GameInfo` (and, for a
+    matrix game, its payoffs, which no state shows)."""
+    objective = fallback_objective(game)
+    if isinstance(game, pyspiel.MatrixGame) and game.num_rows() * game.num_cols() <= MAX_PAYOFF_CELLS:
+        objective += " " + payoff_table(game)
     return CATALOGUE.get(game.get_type().short_name) or GameRules(
-        fallback_objective(game), "the name of one of your legal moves, written exactly as listed."
+        objective, "the name of one of your legal moves, written exactly as listed."
     )

@@ -15,11 +15,15 @@ A game spec is one of:
 from __future__ import annotations
 
 import ast
+import collections.abc
 import functools
 import importlib
+import inspect
 import re
 import sys
-from collections.abc import Callable
+import types
+import typing
+from collections.abc import Callable, Mapping
 from importlib.metadata import EntryPoint, entry_points
 
 from selfplay.errors import UserError
@@ -135,10 +139,77 @@ def make_game(spec: str) -> TextGame:
         if name not in games:
             raise UnknownGameError(f"Unknown game '{name}'. {_spec_help()}")
         factory = games[name]()
+    check_parameters(f"Game '{name}'", params, _signature(factory).parameters)
     try:
         return factory(**params)
-    except TypeError as err:
-        raise UnknownGameError(f"Game '{name}' does not take the parameters {params}: {err}") from None
+    except TypeError as err:  # a factory that states no types of its own, given a value it cannot use
+        raise UserError(f"Game '{name}' cannot use the values {params}: {err}. Check each value's type.") from None
+
+
+def _signature(factory: Callable[..., TextGame]) -> inspect.Signature:
+    """The factory's signature, its annotations evaluated where they can be (a name imported only
+    for type checkers leaves them as text, which `check_parameters` does not read)."""
+    try:
+        return inspect.signature(factory, eval_str=True)
+    except NameError:
+        return inspect.signature(factory)
+
+
+def check_parameters(game: str, params: Mapping[str, object], accepted: Mapping[str, inspect.Parameter]) -> None:
+    """Raise a UserError naming the first of `params` that `game` (e.g. "Game 'nim'") has no
+    parameter for, or whose value is not of the type its parameter states. A `**kwargs`
+    parameter takes any name, left to the game to check."""
+    named = [p.name for p in accepted.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    open_ended = any(p.kind == p.VAR_KEYWORD for p in accepted.values())
+    for key, value in params.items():
+        if key not in named:
+            if open_ended:
+                continue
+            raise UserError(f"{game} has no parameter '{key}'; its parameters: {', '.join(named) or 'none'}.")
+        parameter = accepted[key]
+        if not _fits(value, parameter.annotation):
+            default = parameter.default
+            example = f" (its default: {key}={spec_text(default)})" if default not in (parameter.empty, None) else ""
+            raise UserError(
+                f"{game}: parameter '{key}' takes {_type_words(parameter.annotation)}, not {value!r}{example}."
+            )
+
+
+# How a spec writes a value of each type, for messages.
+_TYPE_WORDS = {int: "a whole number", float: "a number", bool: "true or false", str: "text", type(None): "None"}
+
+
+def _fits(value: object, annotation: object) -> bool:
+    """Whether a spec's value is of the type an annotation states: int, float (an int too), bool,
+    str, None, unions and lists or sequences of them. Any other annotation (a class of the game's
+    own, text left unevaluated, none) is left to the game, which sees the value as given."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, arg) for arg in args)
+    if annotation is None or annotation is type(None):
+        return value is None
+    if annotation is float:
+        return type(value) in (int, float)
+    if annotation in (int, bool, str):
+        return type(value) is annotation
+    if origin in (list, collections.abc.Sequence) and args:
+        return isinstance(value, list | tuple) and all(_fits(item, args[0]) for item in value)
+    return True
+
+
+def _type_words(annotation: object) -> str:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return " or ".join(_type_words(arg) for arg in typing.get_args(annotation))
+    if annotation in _TYPE_WORDS:
+        return _TYPE_WORDS[annotation]
+    if typing.get_origin(annotation) in (list, collections.abc.Sequence) and typing.get_args(annotation):
+        return f"a list ({_type_words(typing.get_args(annotation)[0])} each)"
+    return re.sub(r"\b[\w.]+\.(?=\w)", "", str(annotation))  # typing.Literal['a'] as Literal['a']
+
+
+def spec_text(value: object) -> str:
+    """`value` as a game spec writes it: true and false in lower case, text unquoted."""
+    return str(value).lower() if isinstance(value, bool) else str(value) if isinstance(value, str) else repr(value)
 
 
 @functools.cache

@@ -53,8 +53,12 @@ def test_dots_and_boxes_prompt_draws_the_grid_in_ascii():
     assert "+---+" in state and "?" not in state
 
 
+PLAYED_DYNAMICS = (pyspiel.GameType.Dynamics.SEQUENTIAL, pyspiel.GameType.Dynamics.SIMULTANEOUS)
+
+
 def _adaptable_openspiel_games() -> list[str]:
-    """Every OpenSpiel game the adapter plays with its default parameters. The games written in
+    """Every OpenSpiel game the adapter plays with its default parameters, turn-based or with
+    simultaneous moves (played through OpenSpiel's turn-based conversion). The games written in
     Python (`python_*`) are left out: they exist only once `open_spiel.python.games` is imported,
     which other tests may or may not have done."""
     specs = []
@@ -63,7 +67,7 @@ def _adaptable_openspiel_games() -> list[str]:
             continue
         try:
             game = pyspiel.load_game(name)
-            if game.num_players() < 2 or game.get_type().dynamics != pyspiel.GameType.Dynamics.SEQUENTIAL:
+            if game.num_players() < 2 or game.get_type().dynamics not in PLAYED_DYNAMICS:
                 continue
             game.new_initial_state().legal_actions()
         except (pyspiel.SpielError, IndexError):  # it needs parameters, or is played through action structs

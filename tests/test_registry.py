@@ -36,7 +36,7 @@ def test_parse_spec(spec, expected):
         ("chess_960", "Unknown game 'chess_960'. Games: tictactoe, connect_four"),
         ("steam:portal", "Unknown adapter 'steam:'"),
         ("tictactoe(size)", "'size' in 'tictactoe(size)' is not key=value"),
-        ("tictactoe(size=4)", "Game 'tictactoe' does not take the parameters {'size': 4}"),
+        ("tictactoe(size=4)", "Game 'tictactoe' has no parameter 'size'; its parameters: none."),
         ("openspiel:no_such_game", "OpenSpiel has no game 'no_such_game'"),
         ("openspiel:tic_tac_toe(rows=3)", "OpenSpiel game 'tic_tac_toe' has no parameter 'rows'"),
         ("openspiel:blackjack", "has 1 player; self-play needs 2 or more"),

@@ -11,7 +11,7 @@ import pyspiel
 
 from selfplay.agents.base import Agent, IncompatibleAgentError
 from selfplay.games import TextGame, TextGameEnv
-from selfplay.games.openspiel_game import OpenSpielGame
+from selfplay.games.openspiel_game import OpenSpielGame, native_errors_held
 
 # OpenSpiel's own default exploration constant for UCT with rollouts.
 _UCT_C = 2.0
@@ -53,6 +53,8 @@ class MCTSAgent(Agent):
         """Why mcts cannot play `game`, or None."""
         if not isinstance(game, OpenSpielGame):
             return f"mcts searches a game's OpenSpiel twin, and {type(game).__name__} has none"
+        if game.simultaneous_game is not None:
+            return f"mcts searches turn-based games, and '{game.defined_game}' has simultaneous moves"
         spiel_game = game.spiel_game
         if spiel_game.get_type().information != pyspiel.GameType.Information.PERFECT_INFORMATION:
             if not _resamples(spiel_game):
@@ -76,7 +78,8 @@ def _resamples(spiel_game: pyspiel.Game) -> bool:
     while state.is_chance_node():
         state.apply_action(state.chance_outcomes()[0][0])
     try:
-        state.resample_from_infostate(state.current_player(), lambda: 0.5)
+        with native_errors_held():
+            state.resample_from_infostate(state.current_player(), lambda: 0.5)
     except pyspiel.SpielError:
         return False
     return True
