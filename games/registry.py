@@ -5,8 +5,9 @@ A game spec is one of:
 - `NAME` or `NAME(key=value, ...)`: a native game, or one a package registers under the
   `selfplay.games` entry-point group (the entry point names a `TextGame` subclass or any
   callable that takes the spec's keyword arguments and returns a `TextGame`);
-- `openspiel:NAME` or `openspiel:NAME(key=value, ...)`: any turn-based OpenSpiel game of two
-  or more players, with OpenSpiel's own game parameters;
+- `openspiel:NAME` or `openspiel:NAME(key=value, ...)`: any OpenSpiel game of two or more
+  players with OpenSpiel's own game parameters, turn-based or with simultaneous moves (played
+  through OpenSpiel's turn-based conversion);
 - `pettingzoo:MODULE` or `pettingzoo:MODULE(key=value, ...)`: any PettingZoo environment
   with discrete actions, AEC or parallel, for example `pettingzoo:pettingzoo.classic.connect_four_v3`
   (`pettingzoo:MODULE.FACTORY` names the function that makes it).
@@ -248,6 +249,6 @@ def describe_games() -> list[tuple[str, str]]:
 def _spec_help() -> str:
     return (
         f"Games: {', '.join(registered_games())}. Adapters: openspiel:NAME[(key=value,...)] for "
-        f"turn-based OpenSpiel games of two or more players, pettingzoo:MODULE for PettingZoo "
+        f"OpenSpiel games of two or more players (turn-based or simultaneous), pettingzoo:MODULE for PettingZoo "
         f"environments with discrete actions. Run `selfplay games list` for details."
     )

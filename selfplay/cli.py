@@ -168,8 +168,9 @@ def _cmd_games_list(args: argparse.Namespace) -> int:
         print(f"  {name.ljust(width)}  {about}")
     print(
         "\nAdapters (held-out games without new code):\n"
-        "  openspiel:NAME[(key=value,...)]   any turn-based OpenSpiel game of 2+ players,\n"
-        "                                    e.g. openspiel:leduc_poker, openspiel:nim(pile_sizes=1;3;5)\n"
+        "  openspiel:NAME[(key=value,...)]   any OpenSpiel game of 2+ players, turn-based or simultaneous,\n"
+        "                                    e.g. openspiel:leduc_poker, openspiel:nim(pile_sizes=1;3;5),\n"
+        "                                    openspiel:goofspiel(num_cards=4)\n"
         "  pettingzoo:MODULE[.FACTORY]       any PettingZoo env (AEC or parallel) with discrete actions,\n"
         "                                    e.g. pettingzoo:pettingzoo.classic.connect_four_v3,\n"
         "                                    pettingzoo:pettingzoo.classic.rps_v2.parallel_env\n"
