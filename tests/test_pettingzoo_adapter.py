@@ -48,6 +48,7 @@ def test_connect_four_state_shows_each_player_its_own_pieces_as_x():
     assert tensor.dtype == np.float32 and tensor.shape == (6, 7, 2) and tensor.sum() == 3
     assert "Moves: Your move is a column number, 0 (left) to 6 (right)" in game.rules
     assert "line up four" in game.rules and "$" not in game.rules  # no LaTeX pasted from the docs
+    assert "simultaneous" not in game.rules  # Connect Four's moves take effect one by one
 
 
 def test_go_board_shows_the_player_to_move_and_the_waiting_one_their_own_stones_as_x():
