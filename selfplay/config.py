@@ -266,6 +266,42 @@ class DistributedConfig:
 
 
 @dataclass(frozen=True)
+class WandbConfig:
+    """A Weights & Biases run beside TensorBoard, with the run's config (pip install 'selfplay[trackers]')."""
+
+    project: str | None = None  # the W&B project the run logs to; null: no W&B
+    entity: str | None = None  # the W&B user or team; null: the logged-in user's default
+    # offline keeps the run in RUN_DIR/wandb for `wandb sync`; null: WANDB_MODE, else online
+    mode: Literal["online", "offline"] | None = None
+
+    def __post_init__(self):
+        if self.project is None and (self.entity is not None or self.mode is not None):
+            raise UserError("logging.wandb.entity and logging.wandb.mode need logging.wandb.project: set it too.")
+
+
+@dataclass(frozen=True)
+class MlflowConfig:
+    """An MLflow run beside TensorBoard, with the run's config as its params (pip install 'selfplay[trackers]')."""
+
+    # where MLflow keeps its runs: a database (sqlite:///mlflow.db) or a server (http://HOST:5000); null: no MLflow
+    tracking_uri: str | None = None
+    experiment: str = "selfplay"
+
+    def __post_init__(self):
+        if self.tracking_uri is None and self.experiment != "selfplay":
+            raise UserError("logging.mlflow.experiment needs logging.mlflow.tracking_uri: set it too.")
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    """Where each step's scalars go, under the same names in each (see selfplay/tracking.py)."""
+
+    tensorboard: bool = True  # RUN_DIR/tensorboard
+    wandb: WandbConfig = WandbConfig()
+    mlflow: MlflowConfig = MlflowConfig()
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     run_dir: str = "runs/quickstart"
     seed: Annotated[int, Bounds(0, MAX_SEED)] = 0
@@ -290,6 +326,7 @@ class TrainConfig:
     eval: EvalConfig = EvalConfig()
     league: LeagueConfig = LeagueConfig()
     distributed: DistributedConfig = DistributedConfig()
+    logging: LoggingConfig = LoggingConfig()
 
     def __post_init__(self):
         if self.rollout.games_per_step % self.advantages.group_size:
@@ -314,6 +351,18 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConf
 
 def config_to_dict(config) -> dict:
     return dataclasses.asdict(config)
+
+
+def settings_by_key(section, prefix: str = "") -> dict:
+    """Every setting of a config (section) by its dotted key, as overrides name it ("learner.lr")."""
+    settings = {}
+    for setting in dataclasses.fields(section):
+        value = getattr(section, setting.name)
+        if dataclasses.is_dataclass(value):
+            settings.update(settings_by_key(value, f"{prefix}{setting.name}."))
+        else:
+            settings[f"{prefix}{setting.name}"] = value
+    return settings
 
 
 def find_yaml(name: str, what: str, folder: str = "") -> Path:

@@ -9,6 +9,8 @@ for each part of selfplay that writes or reads it.
       league.sqlite                              the league's store, beside SQLite's -wal and -shm files
       league/snapshots/PLAYER@STEP.safetensors   the weights of the league's frozen snapshots
       tensorboard/                               the metrics
+      wandb/                                     Weights & Biases' files, with `logging.wandb` (`selfplay.tracking`)
+      trackers.json                              the W&B and MLflow runs' ids, which a resumed run logs to again
       eval.jsonl                                 each evaluation of the policy (`selfplay.evaluation.training_curve`)
       learning_curve.png                         those evaluations by step
 """
@@ -69,6 +71,10 @@ class RunDir:
     @property
     def tensorboard(self) -> Path:
         return self.path / "tensorboard"
+
+    @property
+    def trackers(self) -> Path:
+        return self.path / "trackers.json"
 
     @property
     def eval_log(self) -> Path:

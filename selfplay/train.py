@@ -44,7 +44,7 @@ from selfplay.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from selfplay.config import TrainConfig, config_to_dict, load_config
+from selfplay.config import TrainConfig, config_to_dict, load_config, settings_by_key
 from selfplay.distributed.learner_group import LearnerGroup, LearnerProcessDied
 from selfplay.errors import UserError
 from selfplay.evaluation import exact_play
@@ -74,6 +74,7 @@ from selfplay.roles.base import advantage_key
 from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
 from selfplay.run_dir import RunDir, RunLock
 from selfplay.scoring import pick_device, warn_if_bf16_emulated
+from selfplay.tracking import open_trackers
 
 # Steps in a row in which every answer was invalid before a run warns that it has collapsed.
 COLLAPSE_STEPS = 10
@@ -295,10 +296,7 @@ class Trainer:
         self.league = self._open_league(checkpoint) if config.league.enabled else League(config)
         if checkpoint is not None:  # last, so that its random state is the one the run goes on with
             main.baselines = _baselines(load_checkpoint(checkpoint, main.learner))
-        from torch.utils.tensorboard import SummaryWriter
-
-        # purge_step drops anything a killed run logged after its last checkpoint.
-        self.writer = SummaryWriter(str(RunDir(self.run_dir).tensorboard), purge_step=self.step + 1)
+        self.trackers = open_trackers(config, self.step, resume=checkpoint is not None)
 
     @property
     def learner(self) -> Learner:
@@ -534,7 +532,7 @@ class Trainer:
     def close(self) -> None:
         """Release what the run holds: its logs, backends, league store, workers and, last, the
         run directory's lock."""
-        self.writer.close()
+        self.trackers.close()
         for backend in [*(p.backend for p in self.players.values()), *self.frozen.values()]:
             backend.close()
         self._close_learner_groups()
@@ -753,10 +751,7 @@ class Trainer:
         )
 
     def _log(self, metrics: dict[str, float]) -> None:
-        for name, value in metrics.items():
-            if math.isfinite(value):
-                self.writer.add_scalar(name, value, self.step)
-        self.writer.flush()
+        self.trackers.log(metrics, self.step)
 
 
 def start_run_dir(run_dir: Path, config: TrainConfig) -> None:
@@ -799,7 +794,7 @@ def report_resumed_config(run_dir: Path, config: TrainConfig, step: int) -> None
     back to the run's config, which the next resume reads, and each change is appended, with the
     step it took effect after, to the run's config history."""
     files = RunDir(run_dir)
-    saved, now = _settings(load_config(files.saved_config())), _settings(config)
+    saved, now = settings_by_key(load_config(files.saved_config())), settings_by_key(config)
     # run_dir is where the run is found now, not a setting: a moved run is the same run.
     changes = {key: [saved[key], value] for key, value in now.items() if saved[key] != value and key != "run_dir"}
     if not changes:
@@ -815,18 +810,6 @@ def report_resumed_config(run_dir: Path, config: TrainConfig, step: int) -> None
         f"{files.config}, so that later resumes keep it; {files.config_history} lists every change.",
         file=sys.stderr,
     )
-
-
-def _settings(section, prefix: str = "") -> dict:
-    """Every setting of a config (section) by its dotted key, as overrides name it ("learner.lr")."""
-    settings = {}
-    for setting in dataclasses.fields(section):
-        value = getattr(section, setting.name)
-        if dataclasses.is_dataclass(value):
-            settings.update(_settings(value, f"{prefix}{setting.name}."))
-        else:
-            settings[f"{prefix}{setting.name}"] = value
-    return settings
 
 
 def collapse_warning(step: int, run_dir: Path) -> str:

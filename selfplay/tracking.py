@@ -1,0 +1,207 @@
+"""Where a training run's scalars go: TensorBoard in the run directory (the default), and
+Weights & Biases and MLflow when the config's `logging` section names them. Each tracker gets
+every step's finite metrics at that step, under the same names (MLflow's, with the characters it
+refuses replaced: `mlflow_name`), and W&B and MLflow get the run's config. Only the trackers
+asked for are imported.
+
+A resumed run logs to the same W&B and MLflow runs, whose ids the run directory keeps
+(`trackers.json`), and no tracker holds a step twice: TensorBoard drops what a killed run logged
+after its last checkpoint and takes the replayed steps again (purge_step), while W&B and MLflow
+keep the steps they hold, which the replay computes again as before, and take the later ones.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import re
+import time
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Protocol
+
+from selfplay.config import MlflowConfig, TrainConfig, WandbConfig, config_to_dict, settings_by_key
+from selfplay.errors import UserError
+from selfplay.files import replace_text
+from selfplay.run_dir import RunDir
+
+# Metric names MLflow refuses: any character but these (league players' "@", game parameters' "(=,)").
+MLFLOW_REFUSED = re.compile(r"[^/\w.\- :]")
+
+
+class Tracker(Protocol):
+    def log(self, metrics: Mapping[str, float], step: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class TensorBoardTracker:
+    def __init__(self, files: RunDir, step: int):
+        from torch.utils.tensorboard import SummaryWriter
+
+        # purge_step drops anything a killed run logged after its last checkpoint.
+        self.writer = SummaryWriter(str(files.tensorboard), purge_step=step + 1)
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        for name, value in metrics.items():
+            self.writer.add_scalar(name, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbTracker:
+    """A W&B run, in RUN_DIR/wandb, given the steps from `first_step` on; `run_id` resumes that one."""
+
+    def __init__(
+        self,
+        wandb: ModuleType,
+        settings: WandbConfig,
+        files: RunDir,
+        config: TrainConfig,
+        run_id: str | None,
+        first_step: int,
+    ):
+        self.run = wandb.init(
+            project=settings.project,
+            entity=settings.entity,
+            mode=settings.mode,
+            dir=files.path,
+            name=files.path.name,
+            id=run_id,
+            resume="allow" if run_id else None,
+            config=config_to_dict(config),
+            reinit="create_new",  # its own run, whatever else this process logs to W&B
+            settings=wandb.Settings(quiet=True),  # no summary table under the run's own report
+        )
+        self.id = self.run.id
+        self.first_step = first_step
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        if step >= self.first_step:
+            self.run.log(dict(metrics), step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MlflowTracker:
+    """An MLflow run with the config's settings as its params (`learner.lr`, ...), given the steps
+    from `first_step` on; `run_id` resumes that one. MLflow's params cannot change: a resume's
+    changes to the config are in the run directory's config history."""
+
+    def __init__(
+        self,
+        mlflow: ModuleType,
+        settings: MlflowConfig,
+        files: RunDir,
+        config: TrainConfig,
+        run_id: str | None,
+        first_step: int,
+    ):
+        self.mlflow = mlflow
+        self.client = mlflow.MlflowClient(tracking_uri=settings.tracking_uri)
+        run = self._existing_run(run_id) if run_id else None
+        if run is None:
+            experiment = self.client.get_experiment_by_name(settings.experiment)
+            known = experiment.experiment_id if experiment else None
+            run = self.client.create_run(
+                known or self.client.create_experiment(settings.experiment), run_name=files.path.name
+            )
+        else:
+            self.client.update_run(run.info.run_id, status="RUNNING")
+        self.id = run.info.run_id
+        held = run.data.params
+        params = [mlflow.entities.Param(k, str(v)) for k, v in settings_by_key(config).items() if k not in held]
+        self.client.log_batch(self.id, params=params)
+        self.first_step = first_step
+
+    def _existing_run(self, run_id: str):
+        try:
+            return self.client.get_run(run_id)
+        except self.mlflow.exceptions.MlflowException:  # not in this tracking store: a new run
+            return None
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        if step < self.first_step:
+            return
+        now = int(time.time() * 1000)
+        entries = [self.mlflow.entities.Metric(mlflow_name(k), v, now, step) for k, v in metrics.items()]
+        self.client.log_batch(self.id, metrics=entries)
+
+    def close(self) -> None:
+        self.client.set_terminated(self.id)
+
+
+def mlflow_name(name: str) -> str:
+    """`name` as MLflow takes it: each character it refuses replaced by an underscore."""
+    return MLFLOW_REFUSED.sub("_", name)
+
+
+class Trackers:
+    """The run's trackers, each given the same metrics at each step. With W&B or MLflow, the run
+    directory's trackers.json keeps their runs' ids and the last step logged to them."""
+
+    def __init__(self, files: RunDir, run_ids: dict[str, str], logged_through: int):
+        self.files, self.run_ids, self.logged_through = files, run_ids, logged_through
+        self.trackers: list[Tracker] = []
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        finite = {name: value for name, value in metrics.items() if math.isfinite(value)}
+        if self.run_ids and step != self.logged_through:
+            # Saved first: a run killed in between leaves a step missing in W&B and MLflow, never one twice.
+            self.logged_through = step
+            self.save()
+        for tracker in self.trackers:
+            tracker.log(finite, step)
+
+    def save(self) -> None:
+        record = {"run_ids": self.run_ids, "logged_through": self.logged_through}
+        replace_text(self.files.trackers, json.dumps(record, indent=1) + "\n", "the trackers' run ids")
+
+    def close(self) -> None:
+        for tracker in self.trackers:
+            tracker.close()
+
+
+def open_trackers(config: TrainConfig, step: int, resume: bool) -> Trackers:
+    """The trackers `config.logging` asks for, from `step` on. A resumed run logs to the W&B and
+    MLflow runs it logged to before, from the step after the last one they got. Raises
+    UserError, before opening any, if W&B or MLflow is asked for and not installed."""
+    settings, files = config.logging, RunDir(config.run_dir)
+    wandb = _installed("wandb", "logging.wandb.project") if settings.wandb.project else None
+    mlflow = _installed("mlflow", "logging.mlflow.tracking_uri") if settings.mlflow.tracking_uri else None
+    saved = json.loads(files.trackers.read_text()) if resume and files.trackers.exists() else {}
+    trackers = Trackers(files, saved.get("run_ids", {}), saved.get("logged_through", -1))
+    try:
+        if settings.tensorboard:
+            trackers.trackers.append(TensorBoardTracker(files, step))
+        for name, module, kind, section in (
+            ("wandb", wandb, WandbTracker, settings.wandb),
+            ("mlflow", mlflow, MlflowTracker, settings.mlflow),
+        ):
+            if module is not None:
+                run_id = trackers.run_ids.get(name)
+                tracker = kind(module, section, files, config, run_id, trackers.logged_through + 1 if run_id else 0)
+                trackers.trackers.append(tracker)
+                trackers.run_ids[name] = tracker.id
+    except BaseException:
+        trackers.close()
+        raise
+    if trackers.run_ids:
+        trackers.save()
+    else:
+        files.trackers.unlink(missing_ok=True)  # an earlier attempt's, which a new run does not go on
+    return trackers
+
+
+def _installed(module: str, setting: str) -> ModuleType:
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise UserError(
+            f"{setting} asks for {module}, which is not installed: pip install 'selfplay[trackers]', or unset "
+            f"{setting}."
+        ) from None
