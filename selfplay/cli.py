@@ -89,10 +89,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             "run in another run_dir."
         )
     recipe = find_yaml(config, "recipe") if config is not None else None
-    metrics = train_command(recipe, overrides, args.resume, progress=not args.no_progress)
-    if not any(name.startswith("eval/") for name in metrics):  # else the run ended with its evaluation table
-        shown = ("reward/", "vs/", "turns/invalid")  # the last step's figures
-        print(json.dumps({k: round(v, 4) for k, v in metrics.items() if k.startswith(shown)}, indent=2))
+    train_command(recipe, overrides, args.resume, progress=not args.no_progress)  # it prints the run's summary
     return 0
 
 
@@ -154,8 +151,11 @@ def _cmd_league_show(args: argparse.Namespace) -> int:
         _make_output_dir(args.csv, "--csv")
     print(show(args.run_dir, config.league.payoff_decay, args.csv))
     if args.meta:
+        from transformers.utils import logging as transformers_logging
+
         from selfplay.league.standings import league_meta_strategy
 
+        transformers_logging.disable_progress_bar()  # a loading bar per policy would bury the table
         print("\n" + league_meta_strategy(args.run_dir, args.meta, config.rollout))
     return 0
 
@@ -379,8 +379,9 @@ def build_parser() -> argparse.ArgumentParser:
     league_show = league_commands.add_parser(
         "show",
         help="standings, payoff matrix and snapshot lineage",
-        description="Print a league's standings (online rating, Elo, games, win rate), its payoff matrix and its "
-        "snapshot lineage, from the store in the run directory.",
+        description="Print a league's standings (online rating, Elo, games, win rate), its payoff matrix (every "
+        "game and seat pooled; --csv writes them apart) and its snapshot lineage, from the store in the run "
+        "directory.",
     )
     league_show.add_argument("run_dir", help="the run directory of a run trained with league.enabled=true")
     league_show.add_argument("--csv", metavar="DIR", help="also write the tables (and every match) as CSV files to DIR")
@@ -388,7 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--meta",
         metavar="GAME",
         help="also solve the league's meta-strategy in GAME (kuhn_poker, leduc_holdem): a Nash mixture over the "
-        "active snapshots and the latest policy, with its exploitability and theirs",
+        "active snapshots and main (the latest policy), with its exploitability and theirs",
     )
     league_show.set_defaults(run=_cmd_league_show)
 

@@ -19,6 +19,7 @@ import dataclasses
 import datetime
 import json
 import math
+import shlex
 import sys
 import time
 from collections import Counter, defaultdict
@@ -66,6 +67,7 @@ from selfplay.games.registry import is_cooperative
 from selfplay.league.manager import League, initial_players, roles_of
 from selfplay.league.matchmaking import MAIN, SELF, is_fixed, rule_error
 from selfplay.league.population import snapshot_name
+from selfplay.league.standings import read_league, standings_text
 from selfplay.league.store import LeagueStore
 from selfplay.learner import Learner, NonFiniteUpdate, Sample
 from selfplay.model_specs import model_directory
@@ -165,6 +167,10 @@ def eval_pairings(config: TrainConfig) -> dict[str, list[str]]:
             f"eval.opponents names the model {', '.join(plan.models)}: a run evaluates its policy against scripted "
             "agents only. Evaluate it against a model afterwards: selfplay eval --checkpoints "
             f"{config.run_dir} --opponents {','.join(plan.models)}."
+        )
+    if plan.skipped:
+        raise UserError(
+            f"Bad value for 'eval.opponents': a run's evaluations {plan.refusal('eval.opponents', 'eval.games')}."
         )
     return plan.games
 
@@ -485,18 +491,21 @@ class Trainer:
         try:
             if evaluating and self.config.eval.before_training and self.step == 0:
                 self._log(self.evaluate())
+            # The bar's rate and ETA time the steps alone: not the evaluations, nor what came before.
+            bar.unpause()
             while self.step < self.config.steps:
                 self.step += 1
                 metrics = self.train_step()
+                bar.update(1)
                 if self.config.eval.every and self.step % self.config.eval.every == 0:
                     metrics.update(self.evaluate())
+                    bar.unpause()
                 self._log(metrics)
-                bar.update(1)
                 bar.set_postfix(
                     reward=f"{metrics.get('reward/mean', 0):+.2f}",
                     invalid=f"{metrics.get('turns/invalid_rate', 0):.2f}",
                     tok_s=f"{metrics.get('time/tokens_per_s', 0):.0f}",
-                    **({"league": int(metrics["league/snapshots"])} if "league/snapshots" in metrics else {}),
+                    **({"snapshots": int(metrics["league/snapshots"])} if "league/snapshots" in metrics else {}),
                 )
                 all_invalid_steps = all_invalid_steps + 1 if metrics.get("turns/invalid_rate") == 1.0 else 0
                 if all_invalid_steps == COLLAPSE_STEPS:
@@ -514,6 +523,7 @@ class Trainer:
             evaluations = read_evaluations(RunDir(self.run_dir).eval_log)
             if evaluating and (not evaluations or evaluations[-1].step != self.step):
                 final = self.evaluate()  # the policy the run ends with
+                bar.unpause()
                 self._log(final)
                 metrics.update(final)
         except BaseException as err:
@@ -525,8 +535,7 @@ class Trainer:
         finally:
             bar.close()
             self.close()
-        if evaluating:
-            self._report_evaluations()
+        print(self._report(metrics))
         return metrics
 
     def close(self) -> None:
@@ -545,16 +554,37 @@ class Trainer:
             if isinstance(player.learner, LearnerGroup):
                 player.learner.close()
 
-    def _report_evaluations(self) -> None:
-        """Print the table of the run's first and last evaluations (before and after training),
-        and draw the learning curve of all of them (`learning_curve.png` in the run directory)."""
+    def _report(self, metrics: dict[str, float]) -> str:
+        """What a run ends with: the table of its first and last evaluations (before and after
+        training), whose learning curve it draws (`learning_curve.png` in the run directory), or
+        without evaluations the last step's figures (`metrics`); a league's standings; and the
+        commands that look further."""
         files = RunDir(self.run_dir)
+        run = shlex.quote(str(self.run_dir))
         evaluations = read_evaluations(files.eval_log)
-        if not evaluations:
-            return
-        plot_learning_curve(evaluations, files.learning_curve)
-        print(f"\n{evaluation_table(evaluations)}\n")
-        print(f"Learning curve: {files.learning_curve}\nTensorBoard: tensorboard --logdir {files.tensorboard}")
+        blocks = [f"Run {self.run_dir}: step {self.step} of {self.config.steps}."]
+        if self.step < self.config.steps:  # nothing else ends a run early
+            blocks[0] += f" max_minutes={self.config.max_minutes} stopped it; `selfplay train --resume {run}` goes on."
+        further = []
+        if evaluations:
+            plot_learning_curve(evaluations, files.learning_curve)
+            blocks.append(evaluation_table(evaluations))
+            further.append(f"the learning curve of every evaluation: {files.learning_curve}")
+        else:
+            if "reward/mean" in metrics:
+                blocks[0] += (
+                    f" Its last step's games: mean reward {metrics['reward/mean']:+.3f}, invalid moves "
+                    f"{metrics.get('turns/invalid_rate', 0):.3f}. No evaluation ran (eval.every sets one)."
+                )
+            games = " ".join(shlex.quote(game) for game in self.config.games)
+            further.append(f"its checkpoints against random: selfplay eval --checkpoints {run} --games {games}")
+        if self.config.league.enabled:
+            blocks.append(standings_text(read_league(self.run_dir)))
+            meta = next((f" --meta {game}" for game in self.config.games if game in SUPPORTED_GAMES), "")
+            further.append(f"the league's payoffs, lineage and meta-strategy: selfplay league show {run}{meta}")
+        further.append(f"every metric by step: tensorboard --logdir {shlex.quote(str(files.tensorboard))}")
+        blocks.append("Look further:\n" + "\n".join(f"  {line}" for line in further))
+        return "\n" + "\n\n".join(blocks)
 
     def _stop_workers(self) -> None:
         if self.workers is not None:

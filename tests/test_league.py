@@ -251,11 +251,12 @@ def test_league_show_prints_standings_payoff_lineage_and_meta_strategy(tiny_mode
         "steps=2",
         "league.snapshot_every=1",
         "league.population_cap=0",
+        "opponents={self: 0.4, random: 0.3, pfsp:hard: 0.3}",  # random is met every step
         f"model={tiny_model_dir}",
         f"run_dir={run_dir}",
     ]
     train_command(None, overrides, resume=None, progress=False)
-    capsys.readouterr()
+    summary = capsys.readouterr().out
     assert main(["league", "show", str(run_dir), "--csv", str(tmp_path / "csv"), "--meta", "kuhn_poker"]) == 0
     out = capsys.readouterr().out
     assert "main: main@000000 -> main@000001 -> main@000002" in out
@@ -267,7 +268,30 @@ def test_league_show_prints_standings_payoff_lineage_and_meta_strategy(tiny_mode
     assert int(standings["main"]["games"]) == against_others
     assert {"main", "main@000000", "random"} <= set(standings)
     assert len(list(csv.DictReader((tmp_path / "csv" / "matches.csv").open()))) == len(matches)
-    assert "Nash mixture" in out and "the latest policy alone" in out
+    # The payoff matrix says that it pools games and seats, which payoff.csv keeps apart.
+    assert "Payoff over every game and seat pooled" in out
+    payoff = list(csv.DictReader((tmp_path / "csv" / "payoff.csv").open()))
+    assert {(row["game"], row["role"]) for row in payoff} >= {("tictactoe", "player_0"), ("kuhn_poker", "player_1")}
+    # The snapshot taken after the last step has played no game: its Elo and win rate are blank, not NaN.
+    unplayed = standings["main@000002"]
+    assert (unplayed["games"], unplayed["elo"], unplayed["win_rate"]) == ("0", "", "")
+    assert "nan" not in out.lower() and "nan" not in summary.lower()
+    assert all("nan" not in path.read_text().lower() for path in (tmp_path / "csv").iterdir())
+    # The latest policy is `main` in the meta-strategy as in the standings, not its checkpoint's name.
+    meta = out[out.index("Meta-strategy") :]
+    assert "main (the latest policy, step 2)" in meta and "main alone" in meta and "Nash mixture" in meta
+    assert "\nmain " in meta and "step-000002" not in meta
+    # The run ended with the same standings and the commands that look further.
+    assert summary.startswith(f"\nRun {run_dir}: step 2 of 2. Its last step's games: mean reward ")
+    assert "Standings after step 2" in summary and "\nrandom " in summary and "\nmain@000002 " in summary
+    assert f"selfplay league show {run_dir} --meta kuhn_poker" in summary
+    assert f"tensorboard --logdir {RunDir(run_dir).tensorboard}" in summary
+    # Every player's rating reaches TensorBoard, the scripted `random`'s too, under the standings' names.
+    events = EventAccumulator(str(RunDir(run_dir).tensorboard))
+    events.Reload()
+    rated = {tag.removeprefix("league/rating/") for tag in events.Tags()["scalars"] if tag.startswith("league/rating/")}
+    assert rated == set(standings)
+    assert [e.step for e in events.Scalars("league/rating/random")] == [1, 2]
 
     # Snapshots are candidates for `selfplay eval`, served with their own weights.
     snapshot = RunDir(run_dir).snapshot("main@000001")

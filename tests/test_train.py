@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import tqdm
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -164,6 +165,42 @@ def test_a_run_whose_every_answer_is_invalid_warns_once_that_it_has_collapsed(ti
     out = capsys.readouterr().out
     assert out.count("warning") == 1
     assert f"steps 1-{COLLAPSE_STEPS} was invalid" in out and "learner.lr" in out and "learner.kl_coef" in out
+
+
+def test_a_run_without_evaluations_ends_with_its_last_steps_figures_and_where_to_look_further(
+    tiny_model_dir, tmp_path, capsys
+):
+    run_dir = tmp_path / "run"
+    assert main(["train", "--no-progress", *TINY, f"model={tiny_model_dir}", f"run_dir={run_dir}"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"\nRun {run_dir}: step 2 of 2. Its last step's games: mean reward ")
+    assert "invalid moves " in out and "No evaluation ran (eval.every sets one)." in out
+    assert f"selfplay eval --checkpoints {run_dir} --games tictactoe kuhn_poker" in out
+    assert f"tensorboard --logdir {RunDir(run_dir).tensorboard}" in out
+    assert "{" not in out and "league show" not in out  # no dict of metrics; no league to show
+
+
+def test_the_progress_bar_times_the_training_steps_alone(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """Its rate and ETA leave out the evaluations (before training and between steps): each
+    step takes two seconds and each evaluation far longer on the bar's clock."""
+    clock = [0.0]
+    monkeypatch.setattr(tqdm.std, "time", lambda: clock[0])
+    train_step = Trainer.train_step
+
+    def two_second_step(trainer):
+        clock[0] += 2.0
+        return train_step(trainer)
+
+    def long_evaluation(trainer):
+        clock[0] += 1000.0
+        return {}
+
+    monkeypatch.setattr(Trainer, "train_step", two_second_step)
+    monkeypatch.setattr(Trainer, "evaluate", long_evaluation)
+    overrides = [*TINY, "steps=3", "eval.every=1", f"model={tiny_model_dir}", f"run_dir={tmp_path}"]
+    Trainer(load_config(None, overrides), progress=True).run()
+    bar = capsys.readouterr().err
+    assert "1/3 [00:02<00:04,  2.00s/step" in bar and "3/3 [00:06<00:00,  2.00s/step" in bar
 
 
 def test_a_run_stops_at_its_first_non_finite_update_and_keeps_its_last_good_checkpoint(

@@ -198,13 +198,14 @@ class League:
 
     def metrics(self, changes: StepChanges) -> dict[str, float]:
         """The figures TensorBoard shows after a step with `changes`: the population, the
-        snapshots taken and every player's rating (none for a league of one)."""
+        snapshots taken and the rating of every active player, scripted ones included (none for
+        a league of one)."""
         if self.store is None:
             return {}
         ratings = self.ratings.table()
         metrics = {"league/snapshots": float(len(self.snapshots())), "league/taken": float(len(changes.snapshots))}
-        for player in [*self.learning_players(), *self.snapshots()]:
-            if player.name in ratings:
+        for player in self.players.values():
+            if player.active and player.name in ratings:
                 metrics[f"league/rating/{player.name}"] = ratings[player.name][0]
         return metrics
 

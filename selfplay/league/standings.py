@@ -3,8 +3,10 @@ its store, as text or CSV files.
 
 Standings give each player's latest online rating (OpenSkill mu and sigma), an Elo fitted
 from every match it played (OpenSpiel's maximum-likelihood fit, undecayed counts, draws
-included), and its games, wins, draws and losses. The payoff matrix is the league's own,
-with the decayed counts matchmaking uses.
+included), and its games, wins, draws and losses; a figure a player has none of (no game yet)
+is left blank. The payoff matrix is the league's own, with the decayed counts matchmaking
+uses, pooled over games and seats (payoff.csv keeps them apart). The latest policy is `main`
+everywhere: in the standings, the meta-strategy, TensorBoard's tags and the CSV files.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 
 from selfplay.errors import UserError
 from selfplay.evaluation.ratings import fit_elo
+from selfplay.league.matchmaking import MAIN
 from selfplay.league.payoff import PayoffTable, pairwise_outcomes
 from selfplay.league.records import LEARNING_KINDS, LeagueMatch, LeaguePlayer
 from selfplay.league.store import LeagueStore
@@ -32,17 +35,28 @@ class Standing:
     player: str
     kind: str
     active: bool
-    mu: float
-    sigma: float
-    elo: float
+    mu: float | None  # None: never rated (a scripted agent that has met no one)
+    sigma: float | None
+    elo: float | None  # None: no game against another player
     games: int
     wins: int
     draws: int
     losses: int
 
     @property
-    def win_rate(self) -> float:
-        return (self.wins + 0.5 * self.draws) / self.games if self.games else float("nan")
+    def win_rate(self) -> float | None:
+        return (self.wins + 0.5 * self.draws) / self.games if self.games else None
+
+
+@dataclass(frozen=True)
+class LeagueRecord:
+    """What a league's store holds, read at once."""
+
+    run_dir: str
+    players: list[LeaguePlayer]
+    matches: list[LeagueMatch]
+    ratings: list[tuple[int, str, float, float]]
+    last_step: int
 
 
 def open_league(run_dir: str | Path) -> LeagueStore:
@@ -53,6 +67,11 @@ def open_league(run_dir: str | Path) -> LeagueStore:
             "trained with league.enabled=true."
         )
     return LeagueStore(path, read_only=True)
+
+
+def read_league(run_dir: str | Path) -> LeagueRecord:
+    with open_league(run_dir) as store:
+        return LeagueRecord(str(run_dir), store.players(), store.matches(), store.ratings(), store.last_step())
 
 
 def standings(players: list[LeaguePlayer], matches: list[LeagueMatch], ratings: list[tuple]) -> list[Standing]:
@@ -69,7 +88,7 @@ def standings(players: list[LeaguePlayer], matches: list[LeagueMatch], ratings: 
             elif outcome == 0.5:
                 draws[a, b] += 1
     played = [i for i in range(len(names)) if (wins[i] + wins[:, i] + draws[i]).sum()]
-    elo = dict.fromkeys(names, float("nan"))
+    elo: dict[str, float | None] = dict.fromkeys(names)
     if len(played) > 1:
         fitted = fit_elo(wins[np.ix_(played, played)].tolist(), draws[np.ix_(played, played)].tolist())
         elo.update({names[i]: value for i, value in zip(played, fitted)})
@@ -77,7 +96,7 @@ def standings(players: list[LeaguePlayer], matches: list[LeagueMatch], ratings: 
     rows = []
     for i, player in enumerate(players):
         won, drawn, lost = wins[i].sum(), draws[i].sum(), wins[:, i].sum()
-        mu, sigma = latest.get(player.name, (float("nan"), float("nan")))
+        mu, sigma = latest.get(player.name, (None, None))
         row = Standing(
             player.name,
             player.kind,
@@ -91,7 +110,7 @@ def standings(players: list[LeaguePlayer], matches: list[LeagueMatch], ratings: 
             int(lost),
         )
         rows.append(row)
-    return sorted(rows, key=lambda r: -r.mu if r.mu == r.mu else np.inf)
+    return sorted(rows, key=lambda r: np.inf if r.mu is None else -r.mu)
 
 
 def lineage(players: list[LeaguePlayer]) -> list[str]:
@@ -119,16 +138,29 @@ def format_standings(rows: list[Standing]) -> str:
         (
             r.player + ("" if r.active else " (retired)"),
             r.kind,
-            f"{r.mu:.1f}",
-            f"{r.sigma:.1f}",
-            f"{r.elo:.0f}",
+            _figure(r.mu, ".1f"),
+            _figure(r.sigma, ".1f"),
+            _figure(r.elo, ".0f"),
             str(r.games),
-            f"{r.win_rate:.2f}",
+            _figure(r.win_rate, ".2f"),
             f"{r.wins}/{r.draws}/{r.losses}",
         )
         for r in rows
     ]
     return _table(header, body)
+
+
+def _figure(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def standings_text(league: LeagueRecord) -> str:
+    """The standings block of `league show`, which a league run also ends with."""
+    return (
+        f"Standings after step {league.last_step} (rating: OpenSkill mu ± sigma; elo: fitted to every match; "
+        "win rate: draws count half; -: no game yet)\n"
+        + format_standings(standings(league.players, league.matches, league.ratings))
+    )
 
 
 def format_payoff(names: list[str], table: PayoffTable) -> str:
@@ -157,24 +189,23 @@ def _table(header: tuple[str, ...], body: list[tuple[str, ...]]) -> str:
 
 def show(run_dir: str | Path, decay: float, csv_dir: str | Path | None = None) -> str:
     """The text `selfplay league show` prints; with `csv_dir`, the tables as CSV files there."""
-    with open_league(run_dir) as store:
-        players, matches, ratings = store.players(), store.matches(), store.ratings()
-        last_step = store.last_step()
-    rows = standings(players, matches, ratings)
+    league = read_league(run_dir)
+    players, matches = league.players, league.matches
     table = payoff_table(matches, decay)
     shown = [p.name for p in players if p.active and any(p.name in m.players for m in matches)]
     text = "\n\n".join(
         [
-            f"League of {run_dir}: {len(players)} players, {len(matches)} matches, through step {last_step}.",
-            "Standings (rating: OpenSkill mu and sigma after the last step; elo: fitted to every match)\n"
-            + format_standings(rows),
-            "Payoff (decayed win rate of the row player against the column player, draws half; games)\n"
+            f"League of {run_dir}: {len(players)} players, {len(matches)} matches, through step {league.last_step}.",
+            standings_text(league),
+            "Payoff over every game and seat pooled (decayed win rate of the row player against the column player, "
+            "draws half; decayed games). Per game and seat: payoff.csv, which --csv DIR writes\n"
             + format_payoff(shown, table),
             "Snapshot lineage\n" + "\n".join(lineage(players)),
         ]
     )
     if csv_dir is not None:
-        _write_csv(Path(csv_dir), rows, players, matches, ratings, table)
+        rows = standings(players, matches, league.ratings)
+        _write_csv(Path(csv_dir), rows, players, matches, league.ratings, table)
         text += f"\n\nWrote standings.csv, payoff.csv, players.csv, matches.csv and ratings.csv to {csv_dir}."
     return text
 
@@ -215,29 +246,26 @@ def _csv(path: Path, rows: list[dict]) -> None:
 
 def league_meta_strategy(run_dir: str | Path, game: str, rollout: RolloutConfig) -> str:
     """The meta-strategy report: the Nash mixture over the league's active snapshots and the
-    main player's latest checkpoint in `game` (exact payoffs between their policies, each read
-    from the model by the exploitability probe, asked and decoded as the run's `rollout` settings
-    ask and decode it), with the exploitability of the mixture and of each policy alone."""
-    from selfplay.checkpoint import latest_checkpoint
-    from selfplay.evaluation.evaluate import find_candidates
+    main player's latest checkpoint (`main`) in `game` (exact payoffs between their policies,
+    each read from the model by the exploitability probe, asked and decoded as the run's
+    `rollout` settings ask and decode it), with the exploitability of the mixture and of each
+    policy alone."""
     from selfplay.evaluation.exploitability import move_probabilities
     from selfplay.evaluation.meta_strategy import meta_strategy
+    from selfplay.model_specs import league_player
     from selfplay.rollouts import RolloutSettings
 
     with open_league(run_dir) as store:
-        snapshots = [str(Path(run_dir) / p.weights) for p in store.players() if p.kind == "snapshot" and p.active]
+        snapshots = [p.name for p in store.players() if p.kind == "snapshot" and p.active]
     asked = RolloutSettings.from_config(rollout)
-    policies = {}
-    for candidate in find_candidates([*snapshots, str(latest_checkpoint(run_dir))]):
-        model, tokenizer = candidate.network()
-        policies[candidate.name] = move_probabilities(model, tokenizer, game, asked)
+    models = {name: league_player(RunDir(run_dir), name) for name in [*snapshots, MAIN]}
+    policies = {name: move_probabilities(*model.network(), game, asked) for name, model in models.items()}
     meta = meta_strategy(game, policies)
     body = [(name, f"{w:.3f}", f"{e:.4f}") for name, w, e in zip(meta.names, meta.weights, meta.exploitabilities)]
     body.append(("Nash mixture", "", f"{meta.exploitability:.4f}"))
     return (
-        f"Meta-strategy in {game}: a Nash mixture over the active snapshots and the latest policy, solved from "
-        "their exact expected payoffs against each other\n"
+        f"Meta-strategy in {game}: a Nash mixture over the active snapshots and {MAIN} (the latest policy, step "
+        f"{models[MAIN].step}), solved from their exact expected payoffs against each other\n"
         + _table(("policy", "weight", "exploitability"), body)
-        + f"\n\nExploitability: the mixture {meta.exploitability:.4f}, the latest policy alone "
-        f"{meta.exploitabilities[-1]:.4f}."
+        + f"\n\nExploitability: the mixture {meta.exploitability:.4f}, {MAIN} alone {meta.exploitabilities[-1]:.4f}."
     )
