@@ -33,6 +33,7 @@ import sys
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated
 
@@ -47,11 +48,13 @@ from selfplay.evaluation.exploitability import SUPPORTED_GAMES
 from selfplay.evaluation.game_kinds import GENERAL_SUM, GameKind, mbb_per_hand
 from selfplay.evaluation.paired import paired_comparison
 from selfplay.evaluation.ratings import fit_elo
+from selfplay.evaluation.report import QUICK_EPISODES, pairing_words
 from selfplay.evaluation.scoreboard import game_outcome, mean_interval, wilson_interval
 from selfplay.games import make_game
 from selfplay.model_specs import STYLE_SETTINGS, ModelSpec, checkpoint_model, model_spec, style_of
 from selfplay.records import Trajectory
 from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
+from selfplay.run_dir import RunDir
 
 POLICY = "policy"  # the label of the evaluated model in its games against fixed opponents
 OUTCOMES = ("wins", "draws", "losses", "truncated")
@@ -71,6 +74,7 @@ class EvalSettings:
     round_robin: bool = True
     exploitability: bool = True
     baseline: str | None = None  # the candidate that paired comparisons difference from; None: the first
+    quick: bool = False  # `episodes` is QUICK_EPISODES in place of the suite's or the default
 
 
 def find_candidates(specs: Sequence[str]) -> list[ModelSpec]:
@@ -196,6 +200,18 @@ class Pairings:
     skipped: list[dict]  # (game, opponent, reason) of each opponent that does not apply to a game
     models: dict[str, ModelSpec]  # the opponents that are language models, by spec
 
+    def refusal(self, opponents_setting: str, games_setting: str) -> str:
+        """The pairings left out as the end of a sentence ("... cannot play ..."), with the fix: the
+        settings that name the opponents and the games, and the games of these each opponent plays."""
+        left_out = list(dict.fromkeys(skip["opponent"] for skip in self.skipped))
+        plays = {opponent: [game for game, seated in self.games.items() if opponent in seated] for opponent in left_out}
+        where = "; ".join(f"{opponent}: {', '.join(games) or 'none of them'}" for opponent, games in plays.items())
+        return (
+            f"cannot play {'; '.join(map(pairing_words, self.skipped))}. Remove {', '.join(left_out)} from "
+            f"{opponents_setting}, or give {games_setting} that {'each' if len(left_out) > 1 else 'it'} plays "
+            f"(of these games, {where})"
+        )
+
 
 def plan_pairings(games: Sequence[str], opponents: Sequence[str]) -> Pairings:
     """The opponents each game can seat, and those left out, with the reason, because they do
@@ -279,13 +295,21 @@ def evaluate(candidates: Sequence[ModelSpec], settings: EvalSettings, progress: 
     if baseline not in names:
         raise UserError(f"--baseline '{baseline}' is none of the candidates; give one of: {', '.join(names)}.")
     plan = plan_pairings(settings.games, settings.opponents)
+    if not any(plan.games.values()):
+        raise UserError(f"Nothing to play: the checkpoints {plan.refusal('--opponents', '--games')}.")
     played = {c.name: c.played_with(settings.rollout, settings.fixed_style) for c in candidates}
     styles = {spec: m.played_with(settings.rollout, settings.fixed_style) for spec, m in plan.models.items()}
     pairs = len(candidates) * (len(candidates) - 1) // 2 if settings.round_robin else 0
     seats = {game: make_game(game).num_players for game in settings.games}
     duels = [game for game in settings.games if seats[game] == 2]
-    total = len(candidates) * sum(map(len, plan.games.values())) * settings.episodes
-    total += pairs * len(duels) * settings.episodes
+    work = Workload(
+        len(candidates),
+        sum(map(len, plan.games.values())),
+        settings.episodes,
+        pairs * len(duels) * settings.episodes,
+        settings.quick,
+    )
+    print(work.line(), file=sys.stderr)
     results: dict = {
         "settings": _settings_dict(settings),
         "candidates": [_model_entry(c.name, c, played[c.name]) for c in candidates],
@@ -305,13 +329,14 @@ def evaluate(candidates: Sequence[ModelSpec], settings: EvalSettings, progress: 
         "exploitability": [],
     }
     models = {}  # the model opponents, loaded once for every candidate
-    bar = tqdm(total=total, desc="eval", unit="game", disable=not progress)
+    bar = tqdm(total=work.games, desc="eval", unit="game", disable=not progress)
     try:
         for spec, model in plan.models.items():
             models[spec] = model.policy(settings.backend)
         for candidate in candidates:
             bar.set_postfix_str(candidate.name)
             policy = candidate.policy(settings.backend)
+            bar.unpause()  # the time a model takes to load is no game's: left out of the bar's estimate
             try:
                 rows = play_opponents(
                     policy,
@@ -342,6 +367,30 @@ def evaluate(candidates: Sequence[ModelSpec], settings: EvalSettings, progress: 
     return results
 
 
+@dataclass(frozen=True)
+class Workload:
+    """How many games an evaluation plays, said before it starts."""
+
+    checkpoints: int
+    pairings: int  # the (game, opponent) pairs that each checkpoint plays
+    episodes: int
+    round_robin_games: int
+    quick: bool
+
+    @property
+    def games(self) -> int:
+        return self.checkpoints * self.pairings * self.episodes + self.round_robin_games
+
+    def line(self) -> str:
+        line = f"eval: {self.games} games to play: {self.checkpoints} checkpoint{'s' * (self.checkpoints != 1)} x "
+        line += f"{self.pairings} pairing{'s' * (self.pairings != 1)} x {self.episodes} games"
+        if self.round_robin_games:
+            line += f", and {self.round_robin_games} in the round robin between checkpoints"
+        if self.quick:
+            return line + " (--quick)."
+        return line + (f"; --quick plays {QUICK_EPISODES} games a pairing." if self.episodes > QUICK_EPISODES else ".")
+
+
 def _model_entry(label: str, model: ModelSpec, played: RolloutSettings) -> dict:
     """What `results.json` says of a model it evaluated or played against: where it comes
     from, and how it was asked and sampled."""
@@ -351,8 +400,17 @@ def _model_entry(label: str, model: ModelSpec, played: RolloutSettings) -> dict:
         "step": model.step,
         "weights": model.weights,
         "from_run": model.trained_with is not None,
+        "run": _run_of(model),
         "played_with": style_of(played),
     }
+
+
+def _run_of(model: ModelSpec) -> str | None:
+    """The run directory of which `model` is a checkpoint of the learning player (the ones a
+    plot joins into a training curve); None for any other model, a league snapshot or an
+    exploiter among them."""
+    run = RunDir.of_checkpoint(model.model) if model.weights is None else None
+    return str(run.path) if run is not None and Path(model.model).parent == run.checkpoints else None
 
 
 def _settings_dict(settings: EvalSettings) -> dict:
@@ -390,15 +448,15 @@ def round_robin(
         wins = {g: np.zeros((len(labels), len(labels)), dtype=int) for g in games}
         draws = {g: np.zeros((len(labels), len(labels)), dtype=int) for g in games}
         returns = {g: np.zeros((len(labels), len(labels))) for g in games}
-        played = {g: np.zeros((len(labels), len(labels)), dtype=int) for g in games}
+        games_played = {g: np.zeros((len(labels), len(labels)), dtype=int) for g in games}
         rollout = replace(settings.rollout, sampling=replace(settings.rollout.sampling, seed=settings.seed))
         for trajectory in RolloutEngine(players, rollout, played).run(matches):
             result = trajectory.result
             a, b = (index[p] for p in result.players)
             returns[result.game][a, b] += result.rewards[0]
             returns[result.game][b, a] += result.rewards[1]
-            played[result.game][a, b] += 1
-            played[result.game][b, a] += 1
+            games_played[result.game][a, b] += 1
+            games_played[result.game][b, a] += 1
             outcome = game_outcome(result, 0)
             if outcome == "wins":
                 wins[result.game][a, b] += 1
@@ -417,10 +475,10 @@ def round_robin(
             "steps": [c.step for c in candidates],
             "kind": asdict(GameKind.of(make_game(game))),
             "mean_returns": [
-                [None if i == j else float(returns[game][i, j] / played[game][i, j]) for j in range(len(labels))]
+                [None if i == j else float(returns[game][i, j] / games_played[game][i, j]) for j in range(len(labels))]
                 for i in range(len(labels))
             ],
-            "games": played[game].tolist(),
+            "games": games_played[game].tolist(),
             "wins": wins[game].tolist(),
             "draws": draws[game].tolist(),
             "elo": fit_elo(wins[game], draws[game]),

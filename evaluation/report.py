@@ -6,16 +6,26 @@ invalid (`invalid_move_alarms`), and says how each model was asked and sampled."
 from __future__ import annotations
 
 import json
+from collections import Counter
+from dataclasses import dataclass
+from itertools import groupby
 from pathlib import Path
 
 from selfplay.evaluation.game_kinds import COOPERATIVE, GENERAL_SUM, WIN_LOSS, GameKind, headline
-from selfplay.evaluation.paired import summary_line
+from selfplay.evaluation.paired import ALL_OPPONENTS, summary_line
 
 RESULTS_FILE = "results.json"
 REPORT_FILE = "report.md"
 # A pairing in which more of a model's moves than this were invalid measures its answers' format
 # more than its play: most often a model asked otherwise than it was trained.
 INVALID_MOVE_ALARM = 0.2
+# Games per pairing of a quick evaluation (`selfplay eval --quick`): a first look, whose report says
+# that its intervals are wide.
+QUICK_EPISODES = 10
+QUICK_NOTE = (
+    f" **A quick evaluation** (`--quick`, {QUICK_EPISODES} games per pairing): its intervals are wide, and a "
+    "difference it finds indistinguishable may show with more games (`--episodes`)."
+)
 ALARM_ADVICE = (
     f"more than {INVALID_MOVE_ALARM:.0%} of a model's moves were invalid in the pairings below, whose figures then "
     "measure its answers' format more than its play: check that each model is asked as it was trained (--decoding, "
@@ -49,11 +59,60 @@ def invalid_move_alarms(results: dict) -> list[str]:
     return alarms
 
 
-def _x_axis(rows: list[dict], names: list[str]) -> tuple[list, str]:
-    """Checkpoint steps when every row has one, else the candidates' order."""
-    if all(r["step"] is not None for r in rows):
-        return [r["step"] for r in rows], "step"
-    return [names.index(r["candidate"]) for r in rows], "checkpoint"
+def pairing_words(skip: dict) -> str:
+    """A pairing that `plan_pairings` (evaluate.py) left out, in words: its game, its opponent and why."""
+    return f"{skip['game']} against {skip['opponent']} ({skip['reason'].rstrip('.')})"
+
+
+@dataclass(frozen=True)
+class CheckpointAxis:
+    """Where plots put each candidate, by name: at its step when every candidate is a
+    checkpoint of one run (a training curve), else one place each, in the candidates' order,
+    labelled with its name. A line joins only consecutive checkpoints of one run: lines between
+    other models would show a trend that is not there."""
+
+    positions: dict[str, int]
+    label: str
+    names: list[str] | None  # the tick labels, when candidates are placed by name
+    runs: dict[str, str | None]  # the run whose checkpoint each candidate is, if any
+
+    @classmethod
+    def of(cls, candidates: list[dict]) -> CheckpointAxis:
+        runs = {c["name"]: c["run"] for c in candidates}
+        (run, *others) = set(runs.values())
+        if run is not None and not others:  # one run's checkpoints
+            return cls({c["name"]: c["step"] for c in candidates}, f"step of run {Path(run).name}", None, runs)
+        names = [c["name"] for c in candidates]
+        return cls({name: i for i, name in enumerate(names)}, "checkpoint", names, runs)
+
+    def draw(self, ax, names: list[str], values: list[float], errors: list[list[float]] | None, label: str) -> None:
+        """The candidates `names` (in the candidates' order) at `values`, with error bars of
+        `errors` ([below, above] each) where given, in one colour under `label`."""
+        color = None
+        places = range(len(names))
+        for _, joined in groupby(places, key=lambda i: self.runs[names[i]] or f"model {names[i]}"):
+            joined = list(joined)
+            drawn = ax.errorbar(
+                [self.positions[names[i]] for i in joined],
+                [values[i] for i in joined],
+                yerr=None if errors is None else [[errors[i][side] for i in joined] for side in (0, 1)],
+                marker="o",
+                capsize=3,
+                color=color,
+                linestyle="-" if len(joined) > 1 else "none",
+                label=label if color is None else None,
+            )
+            color = drawn.lines[0].get_color()
+
+    def label_axes(self, ax, title: str, ylabel: str) -> None:
+        from matplotlib.ticker import MaxNLocator
+
+        ax.set(title=title, xlabel=self.label, ylabel=ylabel)
+        if self.names is None:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
+        else:
+            ax.set_xticks(range(len(self.names)), self.names, rotation=30, ha="right", fontsize=8)
+        ax.legend(fontsize=8)
 
 
 def _plots(results: dict, out: Path) -> list[tuple[str, str]]:
@@ -62,59 +121,46 @@ def _plots(results: dict, out: Path) -> list[tuple[str, str]]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [c["name"] for c in results["candidates"]]
+    axis = CheckpointAxis.of(results["candidates"])
     plots = []
     games = list(dict.fromkeys(r["game"] for r in results["matches"]))
     if games:
         columns = min(3, len(games))
         grid_rows = -(-len(games) // columns)
-        fig, axes = plt.subplots(grid_rows, columns, figsize=(4.8 * columns, 3.6 * grid_rows), squeeze=False)
+        fig, axes = plt.subplots(grid_rows, columns, figsize=(4.8 * columns, 3.8 * grid_rows), squeeze=False)
         for ax in axes.flat[len(games) :]:
             ax.set_visible(False)
         for ax, game in zip(axes.flat, games):
             for opponent in dict.fromkeys(r["opponent"] for r in results["matches"] if r["game"] == game):
                 rows = [r for r in results["matches"] if r["game"] == game and r["opponent"] == opponent]
-                x, label = _x_axis(rows, names)
                 figures = [headline(r) for r in rows]
                 values = [value for _, value, _ in figures]
                 # An interval missing (fewer than two games) draws as none.
                 intervals = [ci or [value, value] for _, value, ci in figures]
-                low = [value - ci[0] for value, ci in zip(values, intervals)]
-                high = [ci[1] - value for value, ci in zip(values, intervals)]
-                ax.errorbar(x, values, yerr=[low, high], marker="o", capsize=3, label=f"vs {opponent}")
+                errors = [[value - low, high - value] for value, (low, high) in zip(values, intervals)]
+                axis.draw(ax, [r["candidate"] for r in rows], values, errors, f"vs {opponent}")
             figure = figures[0][0]
-            _label_axes(ax, game, label, f"{figure} (95% interval)")
+            axis.label_axes(ax, game, f"{figure} (95% interval)")
             if figure == "win rate":
                 ax.set_ylim(-0.02, 1.02)
         plots.append(_save(fig, out / "primary.png", "Each game's primary figure by checkpoint, per opponent"))
     # Elo only where games are won and lost: in general-sum and cooperative games it measures nothing.
     rated = {game: t for game, t in results["round_robin"].items() if GameKind(**t["kind"]).has_winners}
     if rated:
-        fig, ax = plt.subplots(figsize=(5.5, 3.6))
+        fig, ax = plt.subplots(figsize=(5.5, 3.8))
         for game, table in rated.items():
-            rows = [{"candidate": n, "step": s} for n, s in zip(table["players"], table["steps"])]
-            x, label = _x_axis(rows, names)
-            ax.plot(x, table["elo"], marker="o", label=game)
-        _label_axes(ax, "Round robin between checkpoints", label, "Elo (OpenSpiel fit)")
+            axis.draw(ax, table["players"], table["elo"], None, game)
+        axis.label_axes(ax, "Round robin between checkpoints", "Elo (OpenSpiel fit)")
         plots.append(_save(fig, out / "elo.png", "Elo by checkpoint (round robin)"))
     if results["exploitability"]:
-        fig, ax = plt.subplots(figsize=(5.5, 3.6))
+        fig, ax = plt.subplots(figsize=(5.5, 3.8))
         for game in dict.fromkeys(r["game"] for r in results["exploitability"]):
             rows = [r for r in results["exploitability"] if r["game"] == game]
-            x, label = _x_axis(rows, names)
-            ax.plot(x, [r["exploitability"] for r in rows], marker="o", label=game)
-        _label_axes(ax, "Exact exploitability", label, "exploitability (0 = Nash)")
+            axis.draw(ax, [r["candidate"] for r in rows], [r["exploitability"] for r in rows], None, game)
+        axis.label_axes(ax, "Exact exploitability", "exploitability (0 = Nash)")
         ax.set_ylim(bottom=0)
         plots.append(_save(fig, out / "exploitability.png", "Exploitability by checkpoint"))
     return plots
-
-
-def _label_axes(ax, title: str, xlabel: str, ylabel: str) -> None:
-    from matplotlib.ticker import MaxNLocator
-
-    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
-    ax.legend(fontsize=8)
 
 
 def _save(fig, path: Path, caption: str) -> tuple[str, str]:
@@ -136,7 +182,8 @@ def _markdown(results: dict, plots: list[tuple[str, str]]) -> str:
     lines += [
         f"Games: {', '.join(settings['games'])}. Opponents: {', '.join(settings['opponents'])}. "
         f"{settings['episodes']} games per pairing, the checkpoint taking each seat in turn, seed {settings['seed']}. "
-        "Intervals are 95%: Wilson intervals for rates, normal intervals for means.",
+        "Intervals are 95%: Wilson intervals for rates, normal intervals for means."
+        + (QUICK_NOTE if settings["quick"] else ""),
         "",
         *_styles(results),
         "",
@@ -147,7 +194,7 @@ def _markdown(results: dict, plots: list[tuple[str, str]]) -> str:
         kind = GameKind(**rows[0]["kind"])
         lines += ["", f"### {game}: {_kind_words(kind)}", "", *_match_table(rows, kind)]
     for skip in results["skipped"]:
-        lines.append(f"\nNot played: {skip['game']} against {skip['opponent']} ({skip['reason']})")
+        lines.append(f"\nNot played: {pairing_words(skip)}")
     if results["comparison"]:
         lines += ["", *_comparison(results["comparison"])]
     for game, table in results["round_robin"].items():
@@ -231,18 +278,21 @@ def _match_table(rows: list[dict], kind: GameKind) -> list[str]:
 def _comparison(comparison: dict) -> list[str]:
     """Each candidate's paired differences from the baseline, and the summary lines."""
     baseline = comparison["baseline"]
+    # A game played against one opponent pools that opponent's games alone: its row says it already.
+    opponents = Counter((r["candidate"], r["game"]) for r in comparison["differences"])
+    pooled = [r for r in comparison["per_game"] if opponents[r["candidate"], r["game"]] > 1]
     lines = [
         f"## Compared with {baseline}",
         "",
         f"Each checkpoint's score minus {baseline}'s, game by game on the same deals, seats and opponent "
         "seeds: the return (chips in poker) in games judged by mean return, 1 / 0.5 / 0 for a win / draw / "
-        "loss in win-lose games. **Bold**: the 95% interval leaves out 0. Opponent `all` pools every "
-        "opponent's games.",
+        "loss in win-lose games. **Bold**: the 95% interval leaves out 0."
+        + (f" Opponent `{ALL_OPPONENTS}` pools every opponent's games." if pooled else ""),
         "",
         "| checkpoint | game | opponent | games | difference | mbb/hand | verdict |",
         "|---|---|---|---|---|---|---|",
     ]
-    rows = comparison["differences"] + comparison["per_game"]
+    rows = comparison["differences"] + pooled
     order = {(r["candidate"], r["game"]): i for i, r in enumerate(rows)}  # each game's pooled row after its own
     for r in sorted(rows, key=lambda r: order[r["candidate"], r["game"]]):
         difference = _mean(r, "difference")

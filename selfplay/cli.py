@@ -15,7 +15,7 @@ from selfplay.backends import BACKENDS
 from selfplay.config import Bounds, EvalConfig, RolloutConfig, TrainConfig, find_yaml, load_config, number_bounds
 from selfplay.default_model import MODEL_SPECS_HELP
 from selfplay.errors import UserError
-from selfplay.evaluation.report import INVALID_MOVE_ALARM
+from selfplay.evaluation.report import INVALID_MOVE_ALARM, QUICK_EPISODES
 from selfplay.evaluation.scoreboard import format_table, tally, truncation_warning
 from selfplay.games import describe_games
 from selfplay.games.registry import ENTRY_POINT_GROUP, is_cooperative
@@ -39,6 +39,7 @@ PROMPT_HELP = (
 def _cmd_play(args: argparse.Namespace) -> int:
     specs = [s.strip() for s in args.agents.split(",") if s.strip()]
     rollout, given = _rollout(args, max_new_tokens=PLAY_MAX_NEW_TOKENS)
+    _quiet_transformers()
     results = play_series(
         args.game,
         specs,
@@ -102,11 +103,14 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if not games:
         raise UserError("Say which games to evaluate on: --games SPEC... or --suite NAME.")
     opponents = args.opponents or ",".join(suite.get("opponents", ["random"]))
+    if args.quick and args.episodes:
+        raise UserError(f"--quick plays {QUICK_EPISODES} games a pairing and --episodes {args.episodes}: give one.")
     rollout, given = _rollout(args)
     settings = EvalSettings(
         games=tuple(games),
         opponents=tuple(o.strip() for o in opponents.split(",") if o.strip()),
-        episodes=args.episodes or int(suite.get("episodes", 50)),
+        episodes=QUICK_EPISODES if args.quick else args.episodes or int(suite.get("episodes", 50)),
+        quick=args.quick,
         seed=args.seed,
         rollout=rollout,
         fixed_style=tuple(given),
@@ -115,6 +119,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         exploitability=not args.no_exploitability,
         baseline=args.baseline,
     )
+    _quiet_transformers()
     candidates = find_candidates(args.checkpoints)
     _make_output_dir(args.out, "--out")  # before the evaluation, which a report that cannot be written would lose
     results = evaluate(candidates, settings, progress=not args.no_progress)
@@ -128,12 +133,18 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_export(args: argparse.Namespace) -> int:
+def _quiet_transformers() -> None:
+    """Hide transformers' progress bars (loading weights, converting a GGUF file): a command shows
+    its own progress, or none with --no-progress."""
     from transformers.utils import logging as transformers_logging
 
+    transformers_logging.disable_progress_bar()
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
     from selfplay.model_specs import export, model_spec
 
-    transformers_logging.disable_progress_bar()  # its bars would bury the one line this prints
+    _quiet_transformers()  # its bars would bury the one line this prints
     model = model_spec(args.spec)
     out = export(model, args.out_dir)
     print(
@@ -344,6 +355,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluation.add_argument(
         "--episodes", type=EPISODES, help="games per checkpoint, game and opponent (default: the suite's, else 50)"
+    )
+    evaluation.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"{QUICK_EPISODES} games per checkpoint, game and opponent: a first look, in a fraction of the time, "
+        "with wide intervals (the report says so)",
     )
     evaluation.add_argument("--seed", type=SEED, default=0, help="seed for deals, agents and sampling (default 0)")
     evaluation.add_argument("--out", default="eval", help="output directory (default ./eval)")

@@ -8,21 +8,27 @@ import io
 import json
 import math
 import shutil
+import warnings
 
 import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from selfplay.backends import SamplingSettings
 from selfplay.cli import main
+from selfplay.config import load_config
 from selfplay.errors import UserError
+from selfplay.evaluation import evaluate as evaluate_module
 from selfplay.evaluation.evaluate import (
     EvalSettings,
+    Workload,
     evaluate,
     find_candidates,
     load_suite,
     outcome_stats,
     pairing_matches,
     plan_pairings,
+    round_robin,
 )
 from selfplay.evaluation.game_kinds import (
     COOPERATIVE,
@@ -35,12 +41,15 @@ from selfplay.evaluation.game_kinds import (
 )
 from selfplay.evaluation.paired import paired_comparison, summary_line
 from selfplay.evaluation.ratings import fit_elo
+from selfplay.evaluation.report import QUICK_EPISODES, CheckpointAxis
 from selfplay.evaluation.scoreboard import mean_interval, seat_outcome, wilson_interval
 from selfplay.evaluation.training_curve import evaluation_table, read_evaluations
 from selfplay.games import make_game
 from selfplay.model_specs import ModelSpec
 from selfplay.records import MatchResult, Trajectory, Turn
+from selfplay.rollouts import RolloutEngine, RolloutSettings
 from selfplay.run_dir import RunDir
+from selfplay.train import validate
 
 
 @pytest.mark.parametrize(
@@ -330,6 +339,97 @@ def test_opponents_that_do_not_apply_to_a_game_are_left_out_with_the_reason():
         plan_pairings(["tictactoe"], ["grandmaster"])
 
 
+def test_a_runs_evaluation_opponent_that_cannot_play_one_of_its_games_is_refused_before_training():
+    """As `selfplay eval` reports the pairing, a run refuses it: its evaluations would leave it out."""
+    overrides = ["games={tictactoe: 1, kuhn_poker: 1}", "eval.every=1", "eval.opponents=[random, nash]"]
+    with pytest.raises(UserError) as refused:
+        validate(load_config(None, overrides))
+    message = str(refused.value)
+    assert message.startswith(
+        "Bad value for 'eval.opponents': a run's evaluations cannot play tictactoe against nash (nash solves games "
+        "with hidden information"
+    )
+    assert message.endswith(
+        "Remove nash from eval.opponents, or give eval.games that it plays (of these games, nash: kuhn_poker)."
+    )
+    validate(load_config(None, [*overrides, "eval.games=[kuhn_poker]"]))
+
+
+def test_an_evaluation_with_no_pairing_to_play_is_refused_before_any_model_loads():
+    settings = EvalSettings(games=("tictactoe",), opponents=("nash",))
+    with pytest.raises(
+        UserError, match="Nothing to play: the checkpoints cannot play tictactoe against nash .* none of them"
+    ):
+        evaluate([ModelSpec("a", "no-such-model")], settings, progress=False)
+
+
+def test_the_workload_line_counts_the_games_before_they_are_played():
+    assert Workload(2, 11, 50, 250, quick=False).line() == (
+        "eval: 1350 games to play: 2 checkpoints x 11 pairings x 50 games, and 250 in the round robin between "
+        f"checkpoints; --quick plays {QUICK_EPISODES} games a pairing."
+    )
+    assert Workload(1, 1, QUICK_EPISODES, 0, quick=True).line() == (
+        f"eval: {QUICK_EPISODES} games to play: 1 checkpoint x 1 pairing x {QUICK_EPISODES} games (--quick)."
+    )
+
+
+def test_quick_and_episodes_together_are_refused(capsys):
+    argv = ["eval", "--checkpoints", "default", "--games", "kuhn_poker", "--quick", "--episodes", "5"]
+    assert main(argv) == 2
+    assert f"--quick plays {QUICK_EPISODES} games a pairing and --episodes 5: give one." in capsys.readouterr().err
+
+
+def test_plots_name_each_checkpoint_and_join_only_one_runs_checkpoints():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    candidates = [
+        {"name": "a/step-000001", "step": 1, "run": "/runs/a"},
+        {"name": "a/step-000002", "step": 2, "run": "/runs/a"},
+        {"name": "default", "step": None, "run": None},
+        {"name": "b/step-000002", "step": 2, "run": "/runs/b"},
+    ]
+    names = [c["name"] for c in candidates]
+    axis = CheckpointAxis.of(candidates)
+    fig, ax = plt.subplots()
+    axis.draw(ax, names, [0.1, 0.2, 0.3, 0.4], None, "vs random")
+    axis.label_axes(ax, "kuhn_poker", "mean return")
+    assert [(list(line.get_xdata()), line.get_linestyle()) for line in ax.lines] == [
+        ([0, 1], "-"),  # one run's checkpoints, joined
+        ([2], "None"),
+        ([3], "None"),
+    ]
+    assert len({line.get_color() for line in ax.lines}) == 1
+    assert [label.get_text() for label in ax.get_xticklabels()] == names
+    assert [text.get_text() for text in ax.get_legend().get_texts()] == ["vs random"]
+    plt.close(fig)
+    # One run's checkpoints alone: a training curve, by step.
+    curve = CheckpointAxis.of(candidates[:2])
+    assert (curve.positions, curve.label, curve.names) == (
+        {"a/step-000001": 1, "a/step-000002": 2},
+        "step of run a",
+        None,
+    )
+
+
+def test_the_round_robin_asks_each_checkpoint_as_its_run_did(tiny_model_dir, monkeypatch):
+    styles = []
+
+    class RecordingEngine(RolloutEngine):
+        def __init__(self, players, settings, asked):
+            styles.append(dict(asked))
+            super().__init__(players, settings, asked)
+
+    monkeypatch.setattr(evaluate_module, "RolloutEngine", RecordingEngine)
+    candidates = [ModelSpec("a", str(tiny_model_dir)), ModelSpec("b", str(tiny_model_dir))]
+    played = {"a": RolloutSettings(SamplingSettings(decoding="legal"), prompt="view"), "b": RolloutSettings()}
+    settings = EvalSettings(games=("kuhn_poker",), episodes=2)
+    table = round_robin(candidates, ["kuhn_poker"], settings, played, on_game=lambda: None)
+    assert styles == [played] and table["kuhn_poker"]["games"] == [[0, 2], [2, 0]]
+
+
 def test_suites_in_configs_load():
     assert "openspiel:leduc_poker" in load_suite("held_out")["games"]
     assert load_suite("train")["games"] == ["tictactoe", "kuhn_poker"]
@@ -499,7 +599,32 @@ def test_a_tiny_suite_evaluates_end_to_end_and_repeats_exactly(trained_run, tmp_
     assert "| checkpoint | step | opponent | games | win | draw | loss | truncated | mean return |" in report
     assert "run/step-000002 | 2 | nash | 6 |" in report
     assert "## Compared with run/step-000001" in report
+    # Kuhn Poker's two opponents pooled in a row of their own; TicTacToe's one opponent's row says it all.
+    assert "| run/step-000002 | kuhn_poker | all | 12 |" in report
+    assert "| tictactoe | all |" not in report
+    assert [c["run"] for c in first["candidates"]] == [str(trained_run)] * 2
     assert "run/step-000002 against run/step-000001: significantly better on" in report
+
+
+def test_eval_and_play_print_no_transformers_bars_or_warnings(tiny_model_dir, tmp_path, capsys):
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.enable_progress_bar()  # as in a fresh process; a training run here turned it off
+    argv = ["eval", "--checkpoints", str(tiny_model_dir), "--games", "kuhn_poker", "--quick", "--out", str(tmp_path)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main([*argv, "--no-exploitability", "--no-progress"]) == 0
+        assert (
+            main(
+                ["play", "kuhn_poker", "--agents", f"model:{tiny_model_dir},random", "--episodes", "2", "--no-progress"]
+            )
+            == 0
+        )
+    err = capsys.readouterr().err
+    assert "Loading weights" not in err and "it/s" not in err
+    assert f"eval: {QUICK_EPISODES} games to play: 1 checkpoint x 1 pairing x {QUICK_EPISODES} games (--quick)." in err
+    assert "**A quick evaluation** (`--quick`" in (tmp_path / "report.md").read_text()
+    assert [str(w.message) for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))] == []
 
 
 def test_a_three_player_game_evaluates_end_to_end_with_paired_comparison(tiny_model_dir, tmp_path):

@@ -1,4 +1,5 @@
 import re
+import warnings
 
 import pytest
 import torch
@@ -137,6 +138,17 @@ def test_a_batch_sharing_its_rules_samples_as_each_prompt_alone(tiny_model_dir):
     assert [g.token_ids for g in together] == [g.token_ids for g in alone]
     for a, b in zip(together, alone):
         assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+
+
+def test_sampling_over_a_shared_prefix_uses_no_deprecated_transformers_api(tiny_model_dir):
+    """The prefix's cache handed to `generate` is the kind the installed transformers wants: no
+    FutureWarning or DeprecationWarning reaches the command line."""
+    backend = HFBackend(str(tiny_model_dir))
+    prefix = list(range(5, 5 + MIN_SHARED_PREFIX))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        backend.generate([prefix + [40 + i] for i in range(3)], SamplingSettings(max_new_tokens=4, seed=0))
+    assert [str(w.message) for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))] == []
 
 
 def learner_weights(model_dir, seed: int = 1) -> dict[str, torch.Tensor]:
