@@ -18,6 +18,7 @@ import math
 import os
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -35,6 +36,7 @@ ANTE_GAMES = {"kuhn_poker": 1.0, "leduc_poker": 1.0}
 # past them (nim with a pile of 10^8) would fill the machine's memory before the first move.
 MAX_ACTIONS = 1_000_000
 MAX_OBSERVATION_VALUES = 1_000_000
+_STDERR_HELD = threading.Lock()
 
 
 def poker_big_blind(game: pyspiel.Game) -> float | None:
@@ -259,7 +261,7 @@ def native_errors_held() -> Iterator[None]:
     each error before raising it as a SpielError, whose message says the same. Written out after
     a block that succeeds; dropped when the block raises, leaving the one message made from it."""
     sys.stderr.flush()
-    with tempfile.TemporaryFile() as held:
+    with _STDERR_HELD, tempfile.TemporaryFile() as held:  # one block at a time: fd 2 is the whole process's
         stderr = os.dup(2)
         os.dup2(held.fileno(), 2)
         try:
