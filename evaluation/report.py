@@ -112,6 +112,7 @@ class CheckpointAxis:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
         else:
             ax.set_xticks(range(len(self.names)), self.names, rotation=30, ha="right", fontsize=8)
+            ax.set_xlim(-0.5, len(self.names) - 0.5)  # half a place of room on each side
         ax.legend(fontsize=8)
 
 
@@ -293,7 +294,9 @@ def _comparison(comparison: dict) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     rows = comparison["differences"] + pooled
-    order = {(r["candidate"], r["game"]): i for i, r in enumerate(rows)}  # each game's pooled row after its own
+    order: dict[tuple[str, str], int] = {}  # each game's rows where it first appears, its pooled row after its own
+    for i, r in enumerate(rows):
+        order.setdefault((r["candidate"], r["game"]), i)
     for r in sorted(rows, key=lambda r: order[r["candidate"], r["game"]]):
         difference = _mean(r, "difference")
         mbb = _mean(r, "mbb_per_hand", digits=0) if "mbb_per_hand" in r else ""
