@@ -269,7 +269,7 @@ def test_league_show_prints_standings_payoff_lineage_and_meta_strategy(tiny_mode
     assert {"main", "main@000000", "random"} <= set(standings)
     assert len(list(csv.DictReader((tmp_path / "csv" / "matches.csv").open()))) == len(matches)
     # The payoff matrix says that it pools games and seats, which payoff.csv keeps apart.
-    assert "Payoff over every game and seat pooled" in out
+    assert "Payoff, every game and seat pooled (payoff.csv, written by --csv DIR, keeps them apart)" in out
     payoff = list(csv.DictReader((tmp_path / "csv" / "payoff.csv").open()))
     assert {(row["game"], row["role"]) for row in payoff} >= {("tictactoe", "player_0"), ("kuhn_poker", "player_1")}
     # The snapshot taken after the last step has played no game: its Elo and win rate are blank, not NaN.

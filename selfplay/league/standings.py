@@ -197,9 +197,9 @@ def show(run_dir: str | Path, decay: float, csv_dir: str | Path | None = None) -
         [
             f"League of {run_dir}: {len(players)} players, {len(matches)} matches, through step {league.last_step}.",
             standings_text(league),
-            "Payoff over every game and seat pooled (decayed win rate of the row player against the column player, "
-            "draws half; decayed games). Per game and seat: payoff.csv, which --csv DIR writes\n"
-            + format_payoff(shown, table),
+            "Payoff, every game and seat pooled (payoff.csv, written by --csv DIR, keeps them apart): the row "
+            "player's\ndecayed win rate against the column player, draws counting half, and in brackets the decayed "
+            "games\n" + format_payoff(shown, table),
             "Snapshot lineage\n" + "\n".join(lineage(players)),
         ]
     )
