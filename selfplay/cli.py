@@ -28,7 +28,7 @@ from selfplay.run_dir import RunDir
 
 PLAY_MAX_NEW_TOKENS = 64  # `play`'s token limit per model turn where nothing else sets it
 # A model from a run is asked and sampled as its run was, unless one of these options says otherwise.
-FROM_RUN = "default: its run's setting for a model from a run, else"
+FROM_RUN = "default: as recorded for a model from a run, an exported model and the built-in default, else"
 DECODING_HELP = f"free: the model writes any text; legal: only answers naming a legal move ({FROM_RUN} free)"
 PROMPT_HELP = (
     "full: the rules, the state, the legal moves and the answer instruction; view: the state alone, "
@@ -162,11 +162,9 @@ def _cmd_league_show(args: argparse.Namespace) -> int:
         _make_output_dir(args.csv, "--csv")
     print(show(args.run_dir, config.league.payoff_decay, args.csv))
     if args.meta:
-        from transformers.utils import logging as transformers_logging
-
         from selfplay.league.standings import league_meta_strategy
 
-        transformers_logging.disable_progress_bar()  # a loading bar per policy would bury the table
+        _quiet_transformers()  # a loading bar per policy would bury the table
         print("\n" + league_meta_strategy(args.run_dir, args.meta, config.rollout))
     return 0
 
