@@ -399,7 +399,7 @@ def _model_entry(label: str, model: ModelSpec, played: RolloutSettings) -> dict:
         "model": model.model,
         "step": model.step,
         "weights": model.weights,
-        "from_run": model.trained_with is not None,
+        "as_recorded": model.trained_with is not None,
         "run": _run_of(model),
         "played_with": style_of(played),
     }

@@ -29,7 +29,8 @@ QUICK_NOTE = (
 ALARM_ADVICE = (
     f"more than {INVALID_MOVE_ALARM:.0%} of a model's moves were invalid in the pairings below, whose figures then "
     "measure its answers' format more than its play: check that each model is asked as it was trained (--decoding, "
-    "--prompt, --max-new-tokens; a model from a run is asked as its run did unless an option says otherwise)."
+    "--prompt, --max-new-tokens; a model from a run, an exported one and the built-in default are asked as they "
+    "record unless an option says otherwise)."
 )
 
 
@@ -218,16 +219,16 @@ def _styles(results: dict) -> list[str]:
     lines = [
         "## How each model was asked and sampled",
         "",
-        "A model from a run is asked and sampled as its run was (its config's `rollout` section), "
-        f"except in what the command set for every model ({', '.join(fixed) or 'nothing'}); any other model as the "
-        "command says.",
+        "A model from a run is asked and sampled as its run was (its config's `rollout` section), and an exported "
+        "model or the built-in `default` as its directory's record says, except in what the command set for every "
+        f"model ({', '.join(fixed) or 'nothing'}); any other model as the command says.",
         "",
-        "| model | from a run | " + " | ".join(settings) + " |",
+        "| model | as recorded | " + " | ".join(settings) + " |",
         "|---|---|" + "---|" * len(settings),
     ]
     for model in models:
         values = [str(model["played_with"][name]) for name in settings]
-        lines.append(f"| {model['name']} | {'yes' if model['from_run'] else 'no'} | " + " | ".join(values) + " |")
+        lines.append(f"| {model['name']} | {'yes' if model['as_recorded'] else 'no'} | " + " | ".join(values) + " |")
     return lines
 
 

@@ -41,6 +41,9 @@ DEFAULT_MODEL = "default"
 DEFAULT_MODEL_VERSION = 7
 BUILD_INFO = "selfplay_build.json"
 GGUF_PREFIX = "gguf:"
+# How `play` and `eval` ask the default model unless an option says otherwise (its build record's
+# `rollout`, read as an exported run's is): it learned legal moves, not to write them in free text.
+ASKED_WITH = {"decoding": "legal", "prompt": "view"}
 SHIPPED_MODEL = Path(__file__).parent / "models" / DEFAULT_MODEL
 # What a model setting may name (`selfplay.model_specs` resolves the run-made kinds), for messages.
 MODEL_SPECS_HELP = (
@@ -342,6 +345,7 @@ def build_default_model(
             "seed": seed,
             "final_kl": sum(result["losses"][-50:]) / len(result["losses"][-50:]),
             "seconds": round(time.perf_counter() - started, 1),
+            "rollout": ASKED_WITH,
             "sha256": file_checksums(scratch),
         }
         (scratch / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")

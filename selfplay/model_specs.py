@@ -15,7 +15,8 @@ A model spec is any of:
 
 A model from a run keeps how its run asked and sampled it (its config's `rollout` section):
 `play` and `eval` play it so unless an option says otherwise (`ModelSpec.played_with`), and
-`export` records it in the model directory it writes, where `model_spec` reads it back.
+`export` records it in the model directory it writes, where `model_spec` reads it back (as it
+reads the built-in `default` model's record: legal decoding on the state alone).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ class ModelSpec:
     model: str  # a loadable model directory or hub name: configuration, tokenizer, and weights unless `weights`
     step: int | None = None  # the training step of a checkpoint or snapshot
     weights: str | None = None  # a league snapshot's weights file, loaded over `model`'s
-    trained_with: RolloutConfig | None = None  # its run's `rollout` section; None for a model from no run
+    trained_with: RolloutConfig | None = None  # its run's `rollout` section, or its directory's record of one
 
     def played_with(self, rollout: RolloutSettings, fixed: Collection[str] = ()) -> RolloutSettings:
         """How to ask and sample this model: as its run did (`STYLE_SETTINGS`), but for the

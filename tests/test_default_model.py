@@ -10,6 +10,7 @@ import pytest
 from selfplay import default_model
 from selfplay.backends import SamplingSettings
 from selfplay.default_model import (
+    ASKED_WITH,
     BUILD_INFO,
     SHIPPED_MODEL,
     build_default_model,
@@ -67,3 +68,4 @@ def test_the_recipe_still_builds_a_model_of_the_shipped_shape(tmp_path):
     assert rebuilt["vocab_size"] == shipped["vocab_size"]
     assert is_current_build(built)
     verify_checksums(built)  # the build records its files' checksums
+    assert json.loads((built / BUILD_INFO).read_text())["rollout"] == ASKED_WITH

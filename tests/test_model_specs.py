@@ -72,6 +72,16 @@ def test_a_run_names_its_newest_checkpoint_with_the_settings_it_was_trained_with
     assert model_spec(str(run / "league" / "snapshots" / "main@000001.safetensors")).trained_with == newest.trained_with
 
 
+def test_the_default_model_is_asked_as_it_learned_unless_an_option_says_otherwise():
+    """The built-in model learned legal moves, not to write them: play and eval decode it legally,
+    on the state alone, as its build record says."""
+    default = model_spec("default")
+    played = default.played_with(RolloutSettings())
+    assert (played.sampling.decoding, played.prompt) == ("legal", "view")
+    asked_free = default.played_with(RolloutSettings(prompt="full"), fixed={"decoding", "prompt"})
+    assert (asked_free.sampling.decoding, asked_free.prompt) == ("free", "full")
+
+
 def test_league_players_are_models_by_their_league_names(run):
     snapshot = model_spec(f"{run}@main@000001")
     weights = str(RunDir(run).snapshot("main@000001"))
@@ -124,7 +134,7 @@ def test_eval_plays_a_run_as_it_was_trained_unless_an_option_says_otherwise(run,
     assert main([*base, "--out", str(tmp_path / "default")]) == 0
     results = json.loads((tmp_path / "default" / "results.json").read_text())
     (candidate,) = results["candidates"]
-    assert candidate["from_run"] and candidate["played_with"]["decoding"] == "legal"
+    assert candidate["as_recorded"] and candidate["played_with"]["decoding"] == "legal"
     assert candidate["played_with"]["prompt"] == "view" and candidate["played_with"]["max_new_tokens"] == 8
     assert [row["invalid_move_rate"] for row in results["matches"]] == [0.0]
     report = (tmp_path / "default" / "report.md").read_text()
@@ -154,8 +164,8 @@ def test_eval_takes_models_as_opponents_each_asked_as_it_was_trained(run, tmp_pa
     )
     results = json.loads((out / "results.json").read_text())
     (opponent,) = results["model_opponents"]
-    assert opponent["name"] == "model:default" and not opponent["from_run"]
-    assert (opponent["played_with"]["decoding"], opponent["played_with"]["prompt"]) == ("free", "full")
+    assert opponent["name"] == "model:default" and opponent["as_recorded"]  # its build record
+    assert (opponent["played_with"]["decoding"], opponent["played_with"]["prompt"]) == ("legal", "view")
     rows = {(row["candidate"], row["opponent"]): row for row in results["matches"]}
     assert set(rows) == {(c, o) for c in ("main@000000", "main@000001") for o in ("model:default", "random")}
     assert all(row["invalid_move_rate"] == 0.0 for row in rows.values())  # the candidates decode legally
