@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Protocol
 
-from selfplay.config import MlflowConfig, TrainConfig, WandbConfig, config_to_dict, settings_by_key
+from selfplay.config import LoggingConfig, MlflowConfig, TrainConfig, WandbConfig, config_to_dict, settings_by_key
 from selfplay.errors import UserError
 from selfplay.files import replace_text
 from selfplay.run_dir import RunDir
@@ -171,17 +171,17 @@ def open_trackers(config: TrainConfig, step: int, resume: bool) -> Trackers:
     MLflow runs it logged to before, from the step after the last one they got. Raises
     UserError, before opening any, if W&B or MLflow is asked for and not installed."""
     settings, files = config.logging, RunDir(config.run_dir)
-    wandb = _installed("wandb", "logging.wandb.project") if settings.wandb.project else None
-    mlflow = _installed("mlflow", "logging.mlflow.tracking_uri") if settings.mlflow.tracking_uri else None
+    modules = installed_trackers(settings)
     saved = json.loads(files.trackers.read_text()) if resume and files.trackers.exists() else {}
     trackers = Trackers(files, saved.get("run_ids", {}), saved.get("logged_through", -1))
     try:
         if settings.tensorboard:
             trackers.trackers.append(TensorBoardTracker(files, step))
-        for name, module, kind, section in (
-            ("wandb", wandb, WandbTracker, settings.wandb),
-            ("mlflow", mlflow, MlflowTracker, settings.mlflow),
+        for name, kind, section in (
+            ("wandb", WandbTracker, settings.wandb),
+            ("mlflow", MlflowTracker, settings.mlflow),
         ):
+            module = modules.get(name)
             if module is not None:
                 run_id = trackers.run_ids.get(name)
                 tracker = kind(module, section, files, config, run_id, trackers.logged_through + 1 if run_id else 0)
@@ -195,6 +195,16 @@ def open_trackers(config: TrainConfig, step: int, resume: bool) -> Trackers:
     else:
         files.trackers.unlink(missing_ok=True)  # an earlier attempt's, which a new run does not go on
     return trackers
+
+
+def installed_trackers(settings: LoggingConfig) -> dict[str, ModuleType]:
+    """The modules of the trackers beside TensorBoard that `settings` asks for, by name. Raises
+    UserError naming the extra to install if one is not installed."""
+    asked = {
+        "wandb": ("logging.wandb.project", settings.wandb.project),
+        "mlflow": ("logging.mlflow.tracking_uri", settings.mlflow.tracking_uri),
+    }
+    return {module: _installed(module, setting) for module, (setting, value) in asked.items() if value}
 
 
 def _installed(module: str, setting: str) -> ModuleType:

@@ -76,7 +76,7 @@ from selfplay.roles.base import advantage_key
 from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
 from selfplay.run_dir import RunDir, RunLock
 from selfplay.scoring import pick_device, warn_if_bf16_emulated
-from selfplay.tracking import open_trackers
+from selfplay.tracking import installed_trackers, open_trackers
 
 # Steps in a row in which every answer was invalid before a run warns that it has collapsed.
 COLLAPSE_STEPS = 10
@@ -128,6 +128,7 @@ def validate(config: TrainConfig) -> None:
             )
     if config.eval.every:
         eval_pairings(config)
+    installed_trackers(config.logging)
     check_device(config.device)
 
 
@@ -582,7 +583,8 @@ class Trainer:
             blocks.append(standings_text(read_league(self.run_dir)))
             meta = next((f" --meta {game}" for game in self.config.games if game in SUPPORTED_GAMES), "")
             further.append(f"the league's payoffs, lineage and meta-strategy: selfplay league show {run}{meta}")
-        further.append(f"every metric by step: tensorboard --logdir {shlex.quote(str(files.tensorboard))}")
+        if self.config.logging.tensorboard:
+            further.append(f"every metric by step: tensorboard --logdir {shlex.quote(str(files.tensorboard))}")
         blocks.append("Look further:\n" + "\n".join(f"  {line}" for line in further))
         return "\n" + "\n\n".join(blocks)
 

@@ -90,25 +90,25 @@ def test_mcts_beats_random_at_kuhn_poker():
 
 
 def test_mcts_refuses_liars_dice_which_cannot_resample_worlds():
-    with pytest.raises(IncompatibleAgentError, match="agents that play it: random, nash, human"):
+    with pytest.raises(IncompatibleAgentError, match=r"agents that play it: random, nash\.$"):
         make_agent("mcts", make_game("openspiel:liars_dice"), seed=0)
 
 
 def test_mcts_and_nash_refuse_a_game_without_an_openspiel_twin():
     for spec in ("mcts", "nash"):
-        with pytest.raises(IncompatibleAgentError, match="agents that play it: random, human"):
+        with pytest.raises(IncompatibleAgentError, match=r"agents that play it: random\.$"):
             make_agent(spec, SplitGame(), seed=0)
 
 
 def test_refusals_name_only_agents_that_play_the_game_and_nash_refuses_games_too_large_to_solve():
     othello, phantom = make_game("openspiel:othello"), make_game("openspiel:phantom_ttt")
-    with pytest.raises(IncompatibleAgentError, match="has none; agents that play it: random, mcts, human"):
+    with pytest.raises(IncompatibleAgentError, match=r"has none; agents that play it: random, mcts\.$"):
         make_agent("nash", othello, seed=0)
     make_agent("mcts", othello, seed=0)  # the advice holds
     # Neither search nor solving applies to Phantom Tic-tac-toe: refused at once, not after a long solve.
-    with pytest.raises(IncompatibleAgentError, match="more than 300000 histories.*agents that play it: random, human"):
+    with pytest.raises(IncompatibleAgentError, match=r"more than 300000 histories.*agents that play it: random\.$"):
         make_agent("nash", phantom, seed=0)
-    with pytest.raises(IncompatibleAgentError, match="agents that play it: random, human"):
+    with pytest.raises(IncompatibleAgentError, match=r"agents that play it: random\.$"):
         make_agent("mcts", phantom, seed=0)
     assert applicable_agents(make_game("openspiel:kuhn_poker(players=3)")) == ["random", "mcts", "human"]
 
@@ -188,7 +188,7 @@ def test_nash_samples_its_policy():
 
 
 def test_nash_refuses_perfect_information_games():
-    with pytest.raises(IncompatibleAgentError, match="hidden information.*agents that play it: random, mcts, human"):
+    with pytest.raises(IncompatibleAgentError, match=r"hidden information.*agents that play it: random, mcts\.$"):
         make_agent("nash", make_game("tictactoe"), seed=0)
 
 

@@ -193,7 +193,7 @@ def test_without_trackers_a_run_logs_nowhere(tmp_path):
 
 
 @pytest.mark.parametrize("setting", ["logging.wandb.project=p", "logging.mlflow.tracking_uri=sqlite:///m.db"])
-def test_a_tracker_that_is_not_installed_is_one_error_naming_the_extra_before_any_is_opened(
+def test_a_tracker_that_is_not_installed_is_one_error_naming_the_extra_before_the_run_starts(
     tmp_path, monkeypatch, setting
 ):
     module = setting.split(".")[1]
@@ -202,8 +202,8 @@ def test_a_tracker_that_is_not_installed_is_one_error_naming_the_extra_before_an
     with pytest.raises(
         UserError, match=rf"asks for {module}, which is not installed: pip install 'selfplay\[trackers\]'"
     ):
-        open_trackers(config, 0, resume=False)
-    assert not (tmp_path / "run").exists()  # TensorBoard, first of the trackers, was not opened
+        Trainer(config)
+    assert not (tmp_path / "run").exists()  # refused before the model loads or the run directory is made
 
 
 def test_wandb_and_mlflow_settings_without_their_tracker_are_refused():

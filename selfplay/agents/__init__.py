@@ -59,7 +59,8 @@ def make_agent(spec: str, game: TextGame, seed: int) -> Agent:
     try:
         return AGENTS[name][0](game, seed, arg or None)
     except IncompatibleAgentError as err:
-        others = [other for other in applicable_agents(game) if other != name]
+        # A human plays every game, and not in the unattended commands (eval, training) that ask.
+        others = [other for other in applicable_agents(game) if other != name and other not in INTERACTIVE_AGENTS]
         raise IncompatibleAgentError(f"{err}; agents that play it: {', '.join(others)}.") from None
 
 
