@@ -1,8 +1,9 @@
-"""A league's meta-strategy: a Nash mixture over its frozen snapshots, and the single policy it amounts to.
+"""A league's meta-strategy: a mixture over its frozen snapshots, and the single policy it amounts to.
 
 As in PSRO, the snapshots of a self-play league are the pure strategies of a meta-game whose
-payoffs are their empirical results against each other; the meta-strategy is a Nash equilibrium
-of that zero-sum matrix game, solved by linear programming. To ask whether the league as a whole
+payoffs are their results against each other; the meta-strategy is the mixture a meta-solver
+gives (`selfplay.league.meta_solvers`: a Nash equilibrium of that zero-sum matrix game by
+default, or projected replicator dynamics, or alpha-rank). To ask whether the league as a whole
 is harder to exploit than its latest policy, the mixture (draw one snapshot per game, play it
 throughout) is turned into the equivalent behaviour policy, whose exact exploitability
 `selfplay.evaluation.exploitability.exploitability_of` computes.
@@ -16,39 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 import pyspiel
 from open_spiel.python.algorithms.expected_game_score import policy_value
-from scipy.optimize import linprog
 
 from selfplay.evaluation.exploitability import exploitability_of, tabular_policy
-
-
-def zero_sum_nash(payoff: np.ndarray) -> tuple[np.ndarray, float]:
-    """The row player's maximin mixture of a two-player zero-sum matrix game (payoff[i][j]: what
-    row strategy i wins against column strategy j) and the game's value, by linear programming
-    (scipy.optimize.linprog, HiGHS).
-
-    Any finite matrix is accepted, square or not. Where several maximin mixtures exist (say, two
-    identical rows), the one returned is the solver's choice.
-    """
-    payoff = np.asarray(payoff, dtype=np.float64)
-    if payoff.ndim != 2 or payoff.size == 0 or not np.isfinite(payoff).all():
-        raise ValueError(f"expected a non-empty 2-D matrix of finite payoffs, got {payoff!r}")
-    rows, columns = payoff.shape
-    # Variables: the mixture x and the value v. Maximise v subject to x winning at least v
-    # against every column, x >= 0 and sum(x) = 1.
-    result = linprog(
-        c=np.r_[np.zeros(rows), -1.0],
-        A_ub=np.c_[-payoff.T, np.ones(columns)],
-        b_ub=np.zeros(columns),
-        A_eq=np.r_[np.ones(rows), 0.0][None, :],
-        b_eq=[1.0],
-        bounds=[(0, None)] * rows + [(None, None)],
-        method="highs",
-    )
-    if not result.success:  # a finite matrix game always has a solution
-        raise RuntimeError(f"linprog failed on a matrix game: {result.message}")
-    # The solver may leave entries a rounding error below 0.
-    mixture = np.clip(result.x[:rows], 0.0, None)
-    return mixture / mixture.sum(), float(result.x[rows])
+from selfplay.league.meta_solvers import solve, zero_sum_nash
 
 
 def meta_nash(win_rates: np.ndarray) -> np.ndarray:
@@ -151,17 +122,19 @@ class MetaStrategy:
     """A meta-strategy over named policies, next to each policy's own exploitability."""
 
     names: tuple[str, ...]
-    weights: tuple[float, ...]  # the Nash mixture over `names`
+    weights: tuple[float, ...]  # the meta-solver's mixture over `names`
     exploitability: float  # of the mixture, played as one behaviour policy
     exploitabilities: tuple[float, ...]  # of each policy alone
 
 
-def meta_strategy(game: str, policies: Mapping[str, Mapping[str, Mapping[int, float]]]) -> MetaStrategy:
-    """The Nash mixture of the meta-game between `policies` (exact expected payoffs) and the
-    exploitability of the mixture and of each policy."""
+def meta_strategy(
+    game: str, policies: Mapping[str, Mapping[str, Mapping[int, float]]], solver: str = "nash"
+) -> MetaStrategy:
+    """The mixture `solver` (a key of `meta_solvers.SOLVERS`) gives the meta-game between
+    `policies` (exact expected payoffs), and the exploitability of the mixture and of each policy."""
     names = tuple(policies)
     probabilities = [policies[name] for name in names]
-    weights, _ = zero_sum_nash(expected_payoffs(game, probabilities))
+    weights = solve(solver, expected_payoffs(game, probabilities))
     mixture = mixture_probabilities(game, probabilities, weights)
     return MetaStrategy(
         names,

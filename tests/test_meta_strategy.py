@@ -10,7 +10,8 @@ from open_spiel.python.algorithms.expected_game_score import policy_value
 from open_spiel.python.algorithms.policy_aggregator import PolicyAggregator
 
 from selfplay.evaluation.exploitability import exploitability_of, tabular_policy
-from selfplay.evaluation.meta_strategy import meta_nash, mixture_probabilities, zero_sum_nash
+from selfplay.evaluation.meta_strategy import meta_nash, mixture_probabilities
+from selfplay.league.meta_solvers import SOLVERS, solve, zero_sum_nash
 
 NAN = np.nan
 PASS, BET = 0, 1
@@ -98,6 +99,33 @@ def test_a_pure_saddle_point():
 def test_zero_sum_nash_rejects_malformed_matrices(payoff):
     with pytest.raises(ValueError):
         zero_sum_nash(payoff)
+
+
+ROCK_PAPER_SCISSORS_AND_A_DUD = np.array(
+    [[0, -1, 1, 1], [1, 0, -1, 1], [-1, 1, 0, 1], [-1, -1, -1, 0]], dtype=float
+)  # the dud loses 1 to each of rock, paper and scissors
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_each_meta_solver_plays_rock_paper_scissors_uniformly_and_never_the_dud(solver):
+    # PRD's answer is a time average that starts uniform and keeps every strategy above a floor,
+    # so the dud keeps a trace of weight.
+    tolerance = 1e-2 if solver == "prd" else 1e-9
+    assert solve(solver, ROCK_PAPER_SCISSORS_AND_A_DUD) == pytest.approx([1 / 3] * 3 + [0], abs=tolerance)
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_each_meta_solver_puts_the_weight_on_a_strategy_that_beats_every_other(solver):
+    transitive = np.array([[0, 1, 1], [-1, 0, 1], [-1, -1, 0]], dtype=float)
+    tolerance = 2e-2 if solver == "prd" else 1e-9
+    assert solve(solver, transitive) == pytest.approx([1, 0, 0], abs=tolerance)
+    assert solve(solver, np.zeros((1, 1))) == pytest.approx([1.0])
+
+
+@pytest.mark.parametrize("payoff", [np.zeros((2, 3)), np.zeros((0, 0)), np.array([[0.0, NAN], [NAN, 0.0]])])
+def test_meta_solvers_refuse_what_is_not_a_square_finite_meta_game(payoff):
+    with pytest.raises(ValueError):
+        solve("nash", payoff)
 
 
 CYCLE = np.array([[0.5, 1.0, 0.0], [0.0, 0.5, 1.0], [1.0, 0.0, 0.5]])  # A beats B beats C beats A
