@@ -12,6 +12,7 @@ for each part of selfplay that writes or reads it.
       wandb/                                     Weights & Biases' files, with `logging.wandb` (`selfplay.tracking`)
       trackers.json                              the W&B and MLflow runs' ids, which a resumed run logs to again
       eval.jsonl                                 each evaluation of the policy (`selfplay.evaluation.training_curve`)
+      exploiters.jsonl                           each exploiter snapshot's figures (`selfplay.league.exploiter_log`)
       learning_curve.png                         those evaluations by step
 """
 
@@ -79,6 +80,10 @@ class RunDir:
     @property
     def eval_log(self) -> Path:
         return self.path / "eval.jsonl"
+
+    @property
+    def exploiter_log(self) -> Path:
+        return self.path / "exploiters.jsonl"
 
     @property
     def learning_curve(self) -> Path:

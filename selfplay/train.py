@@ -50,8 +50,14 @@ from selfplay.distributed.learner_group import LearnerGroup, LearnerProcessDied
 from selfplay.errors import UserError
 from selfplay.evaluation import exact_play
 from selfplay.evaluation.evaluate import plan_pairings, play_opponents
-from selfplay.evaluation.exploitability import SUPPORTED_GAMES, policy_exploitability
+from selfplay.evaluation.exploitability import (
+    SUPPORTED_GAMES,
+    information_states,
+    move_probabilities,
+    policy_exploitability,
+)
 from selfplay.evaluation.game_kinds import primary_figures
+from selfplay.evaluation.meta_strategy import mixture_probabilities
 from selfplay.evaluation.scoreboard import game_outcome, truncation_warning
 from selfplay.evaluation.training_curve import (
     Evaluation,
@@ -64,6 +70,8 @@ from selfplay.evaluation.training_curve import (
 from selfplay.files import WriteError, append_text, is_disk_full, replace_text, write_failure
 from selfplay.games import make_game
 from selfplay.games.registry import is_cooperative
+from selfplay.league.exploiter_log import append_stops, keep_stops_up_to
+from selfplay.league.exploiter_stopping import ExactCheck, exact_check, exact_check_due
 from selfplay.league.manager import League, initial_players, roles_of
 from selfplay.league.matchmaking import MAIN, SELF, is_fixed, rule_error
 from selfplay.league.population import snapshot_name
@@ -119,6 +127,8 @@ def validate(config: TrainConfig) -> None:
                 f"league.role_opponents names the role '{role}', which no game of this run has; its games' roles: "
                 f"{', '.join(sorted(roles))}."
             )
+    if config.league.enabled and config.league.exploiter_stop == "exact":
+        check_exact_stopping(config)
     if config.rollout.decoding == "legal":
         free_text = [game for game in config.games if not make_game(game).lists_every_move]
         if free_text:
@@ -130,6 +140,32 @@ def validate(config: TrainConfig) -> None:
         eval_pairings(config)
     installed_trackers(config.logging)
     check_device(config.device)
+
+
+def check_exact_stopping(config: TrainConfig) -> None:
+    """That the exact stopping rule can score the run's exploiters: one game, with an OpenSpiel
+    twin small enough to probe at every information state, and exploiters matched against model
+    snapshots alone."""
+    league = config.league
+    plateau = "use league.exploiter_stop=plateau"
+    if len(config.games) != 1:
+        raise UserError(
+            f"league.exploiter_stop=exact scores exploiters in one game, but this run plays {', '.join(config.games)}: "
+            f"{plateau}, or train one game."
+        )
+    try:
+        information_states(next(iter(config.games)))
+    except UserError as err:
+        raise UserError(f"league.exploiter_stop=exact needs a best response: {err} Else {plateau}.") from None
+    mixes = {"league.main_exploiter_opponents": league.main_exploiter_opponents}
+    mixes["league.league_exploiter_opponents"] = league.league_exploiter_opponents
+    for key, mix in mixes.items():
+        fixed = [rule for rule in mix if is_fixed(rule)]
+        if fixed:
+            raise UserError(
+                f"league.exploiter_stop=exact scores exploiters against model snapshots, but '{key}' names "
+                f"{', '.join(fixed)}: drop them, or {plateau}."
+            )
 
 
 def check_device(device: str | None) -> None:
@@ -293,6 +329,7 @@ class Trainer:
         else:
             report_resumed_config(self.run_dir, config, self.step)
             keep_evaluations_up_to(RunDir(self.run_dir).eval_log, self.step)
+            keep_stops_up_to(RunDir(self.run_dir).exploiter_log, self.step)
         warn_if_bf16_emulated(
             {  # a backend that does not say its device (vLLM) is not checked
                 "learner.precision": (config.learner.precision, main.learner.device),
@@ -300,6 +337,7 @@ class Trainer:
             }
         )
         self.frozen: dict[str, PolicyBackend] = {}  # snapshots' backends, loaded when first matched
+        self.snapshot_policies: dict[str, dict] = {}  # snapshots' move probabilities, once an exact check asks
         self.league = self._open_league(checkpoint) if config.league.enabled else League(config)
         if checkpoint is not None:  # last, so that its random state is the one the run goes on with
             main.baselines = _baselines(load_checkpoint(checkpoint, main.learner))
@@ -676,7 +714,11 @@ class Trainer:
         if self.workers is not None:
             metrics["distributed/sync_mb"] = self.workers.take_published_bytes() / 2**20
 
-        metrics.update(self._league_step(trajectories, versions))
+        checks = self._exact_checks()
+        for name, check in checks.items():
+            metrics[f"{name}/exact/value"] = check.value
+            metrics[f"{name}/exact/best_response_value"] = check.best_response_value
+        metrics.update(self._league_step(trajectories, versions, checks))
         for spec, figures in game_metrics.items():
             metrics.update({f"game/{spec}/{k}": v for k, v in figures.items()})
         tokens = sum(len(t.response_ids) for r in trajectories for t in r.turns)
@@ -720,10 +762,45 @@ class Trainer:
             "distributed/restarts": float(played.restarts),
         }
 
-    def _league_step(self, trajectories: Sequence[Trajectory], versions: dict[str, int]) -> dict[str, float]:
-        """Record the step in the league; restart exploiters that were frozen, unload retired
-        snapshots. Returns the league's metrics."""
-        changes = self.league.record_step(self.step, trajectories, versions, self._freeze)
+    def _exact_checks(self) -> dict[str, ExactCheck]:
+        """Under `league.exploiter_stop=exact`, the exact check of each exploiter due one this step,
+        after its update: its policy against the mixture its mix draws now, beside a best response's."""
+        league = self.config.league
+        if not league.enabled or league.exploiter_stop != "exact":
+            return {}
+        game = next(iter(self.config.games))
+        checks = {}
+        for player in self.league.learning_players():
+            steps_since = self.step - self.league.last_snapshot_step(player.name)
+            due = exact_check_due(steps_since, league.exploiter_check_every, league.exploiter_max_steps)
+            if player.name == MAIN or not due:
+                continue
+            target = self.league.target_weights(player, game)
+            if not target:  # a mix of self-play alone has no target to score against
+                continue
+            learner = self.players[player.name].learner
+            with learner.scoring_model() as model:
+                exploiter = move_probabilities(model, learner.tokenizer, game, self.rollout_settings)
+            policies = [self._snapshot_policy(name, game) for name in target]
+            mixture = mixture_probabilities(game, policies, list(target.values()))
+            checks[player.name] = exact_check(game, exploiter, mixture)
+        return checks
+
+    def _snapshot_policy(self, name: str, game: str) -> dict:
+        """A snapshot's move probabilities in `game`, read as its backend plays (snapshots never change)."""
+        if name not in self.snapshot_policies:
+            backend = self._frozen_backend(name)
+            policy = move_probabilities(backend.model, backend.tokenizer, game, self.rollout_settings)
+            self.snapshot_policies[name] = policy
+        return self.snapshot_policies[name]
+
+    def _league_step(
+        self, trajectories: Sequence[Trajectory], versions: dict[str, int], checks: dict[str, ExactCheck]
+    ) -> dict[str, float]:
+        """Record the step in the league (with the step's exact checks); log the exploiters it
+        froze, restart them, unload retired snapshots. Returns the league's metrics."""
+        changes = self.league.record_step(self.step, trajectories, versions, self._freeze, checks)
+        append_stops(RunDir(self.run_dir).exploiter_log, changes.stops)
         for name in changes.resets:
             self.players[name].backend.close()
             self.players[name] = self._learning_player(name, self._exploiter_config(), None, exploiter=True)
@@ -792,7 +869,13 @@ def start_run_dir(run_dir: Path, config: TrainConfig) -> None:
     files = RunDir(run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        for stale in [*files.league_store_files(), files.eval_log, files.learning_curve, files.config_history]:
+        for stale in [
+            *files.league_store_files(),
+            files.eval_log,
+            files.exploiter_log,
+            files.learning_curve,
+            files.config_history,
+        ]:
             stale.unlink(missing_ok=True)
         replace_text(files.config, yaml.safe_dump(config_to_dict(config), sort_keys=False), "the run's config")
     except (OSError, WriteError) as err:

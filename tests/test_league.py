@@ -19,6 +19,7 @@ from selfplay.cli import main
 from selfplay.config import load_config
 from selfplay.errors import UserError
 from selfplay.evaluation.evaluate import find_candidates
+from selfplay.league.exploiter_log import read_stops
 from selfplay.league.matchmaking import choose_opponent, pfsp_probabilities, schedule_matches
 from selfplay.league.payoff import PayoffTable
 from selfplay.league.population import eviction_choice, snapshot_due
@@ -106,6 +107,8 @@ def test_eviction_retires_what_main_beats_most_and_keeps_each_newest():
     assert eviction_choice(snapshots, rates.get, cap=3) == ["x@1", "main@1"]
     assert eviction_choice(snapshots, rates.get, cap=0) == []
     assert eviction_choice(snapshots[:2], lambda name: float("nan"), cap=1) == []  # each is its parent's newest
+    # A snapshot an exploiter is hunting stays too.
+    assert eviction_choice(snapshots, rates.get, cap=3, hunted={"x@1"}) == ["main@1", "main@2"]
 
 
 def _match(a, b, reward_a, game="tictactoe", roles=("player_0", "player_1"), step=1):
@@ -393,3 +396,110 @@ def test_exploiters_can_restart_from_the_main_players_weights(tiny_model_dir, tm
     for name in ("main_exploiter_0", "league_exploiter_0"):
         restarted = trainer.players[name].learner.policy_state_dict()
         assert all(torch.equal(restarted[k], main[k]) for k in main)
+
+
+EXPLOITER_STOP = [
+    "steps=3",
+    "games={kuhn_poker: 1}",
+    "opponents={self: 0.5, pfsp:hard: 0.5}",
+    "rollout.games_per_step=8",
+    "rollout.max_new_tokens=12",
+    "rollout.decoding=legal",
+    "league.enabled=true",
+    "league.main_exploiters=1",
+    "league.exploiter_init=main",
+    "league.exploiter_lora_rank=0",
+    "league.exploiter_lr=1e-2",
+    "league.exploiter_max_steps=2",
+]
+
+
+def _hunted(matches, exploiter: str) -> dict[int, set[str]]:
+    """Whom `exploiter` met at each step, itself left out."""
+    met: dict[int, set[str]] = {}
+    for match in matches:
+        if exploiter in match.players:
+            met.setdefault(match.step, set()).update(set(match.players) - {exploiter})
+    return met
+
+
+@pytest.mark.slow
+def test_a_main_exploiter_hunts_a_frozen_main_snapshot_until_the_exact_rule_or_the_cap_freezes_it(
+    tiny_model_dir, tmp_path
+):
+    overrides = [
+        *EXPLOITER_STOP,
+        "league.exploiter_stop=exact",
+        "league.exploiter_stop_fraction=0",  # any exploiter that does not lose to its target is done
+        "league.exploiter_check_every=1",
+        f"model={tiny_model_dir}",
+        f"run_dir={tmp_path}",
+    ]
+    train_command(None, overrides, resume=None, progress=False)
+    stops = read_stops(RunDir(tmp_path).exploiter_log)
+    with LeagueStore(RunDir(tmp_path).league_store) as store:
+        players = {p.name: p for p in store.players()}
+        matches = store.matches()
+    assert stops and [s["exploiter"] for s in stops] == ["main_exploiter_0"] * len(stops)
+    target, restarted = "main@000000", 0
+    met = _hunted(matches, "main_exploiter_0")
+    for stop in stops:
+        assert stop["target"] == {target: 1.0}
+        # It met its target alone, all the while it trained; the target never moved.
+        assert all(met[step] == {target} for step in range(restarted + 1, stop["step"] + 1))
+        assert stop["steps"] == stop["step"] - restarted and stop["best_response_value"] > 0
+        if stop["reason"] == "exact":
+            assert stop["value"] >= 0
+        else:
+            assert stop["reason"] == "cap" and stop["steps"] == 2 and stop["value"] < 0
+        assert players[stop["snapshot"]].parent == "main_exploiter_0"
+        # The main player is frozen with it: the restarted exploiter's next target.
+        target, restarted = f"main@{stop['step']:06d}", stop["step"]
+        assert players[target].parent == "main"
+    events = EventAccumulator(str(RunDir(tmp_path).tensorboard))
+    events.Reload()
+    assert len(events.Scalars("main_exploiter_0/exact/value")) == 3  # checked after every step
+    frozen = events.Scalars("main_exploiter_0/stop/best_response_value")
+    assert [(e.step, e.value) for e in frozen] == [(s["step"], pytest.approx(s["best_response_value"])) for s in stops]
+
+
+@pytest.mark.slow
+def test_the_plateau_rule_freezes_an_exploiter_whose_score_against_its_target_stops_rising(tiny_model_dir, tmp_path):
+    overrides = [
+        *EXPLOITER_STOP,
+        "league.exploiter_stop=plateau",
+        "league.exploiter_plateau_games=4",
+        "league.exploiter_plateau_gain=1",  # no block can gain a whole point: the first test stops it
+        f"model={tiny_model_dir}",
+        f"run_dir={tmp_path}",
+    ]
+    train_command(None, overrides, resume=None, progress=False)
+    # Eight games a step against its target: two blocks of four after its first step.
+    stops = read_stops(RunDir(tmp_path).exploiter_log)
+    assert [(s["step"], s["reason"], s["games"]) for s in stops] == [
+        (1, "plateau", 8),
+        (2, "plateau", 8),
+        (3, "plateau", 8),
+    ]
+    assert all(s["recent_block_score"] - s["previous_block_score"] < 1 and s["value"] is None for s in stops)
+
+
+@pytest.mark.parametrize(
+    "setting, refusal",
+    [
+        ("games={kuhn_poker: 1, leduc_holdem: 1}", "scores exploiters in one game"),
+        ("games={tictactoe: 1}", "needs a best response: 'tictactoe' has more than 5000 information states"),
+        ("league.main_exploiter_opponents={main: 1, random: 1}", "names random: drop them"),
+        ("league.scripted=[random]", "league.scripted or league.role_opponents"),
+    ],
+)
+def test_the_exact_rule_is_refused_where_no_best_response_is_computed(tiny_model_dir, tmp_path, setting, refusal):
+    overrides = [
+        *EXPLOITER_STOP,
+        "league.exploiter_stop=exact",
+        setting,
+        f"model={tiny_model_dir}",
+        f"run_dir={tmp_path}",
+    ]
+    with pytest.raises(UserError, match=refusal):
+        Trainer(load_config(None, overrides), progress=False)

@@ -3,9 +3,14 @@
 Each step, every learning player (the main player, then each exploiter) gets its games: the
 game by weight, its seat alternating, each other seat filled by its matchmaking mix. After
 the step the league records every finished match in the payoff table, the online ratings and
-the store; freezes learning players whose snapshot rule fires (exploiters then restart from
-their initial weights); and retires snapshots beyond the population cap. All of it is a
-function of the store's records, so a resumed run rebuilds the league exactly.
+the store; freezes learning players whose snapshot rule fires, or exploiters whose stopping
+rule does (`exploiter_stopping`), exploiters then restarting from their initial weights; and
+retires snapshots beyond the population cap. All of it is a function of the store's records,
+so a resumed run rebuilds the league exactly.
+
+An exploiter's target stays fixed while it trains: its `main` rule draws the main player's
+snapshot taken when it (re)started (one is taken then if the main player was not frozen that
+step), and its rules over past players draw from the population as it stood then.
 
 A run without `league.enabled` is a league of one: the main player alone, matched as its
 `opponents` say, with no store, and nothing recorded.
@@ -14,6 +19,7 @@ A run without `league.enabled` is a league of one: the main player alone, matche
 from __future__ import annotations
 
 import functools
+from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from dataclasses import replace as dataclass_replace
@@ -22,8 +28,24 @@ import numpy as np
 
 from selfplay.config import TrainConfig
 from selfplay.games import make_env
-from selfplay.league.matchmaking import MAIN, SELF, UNIFORM, is_fixed, is_pfsp, schedule_matches
-from selfplay.league.payoff import PayoffTable
+from selfplay.league.exploiter_stopping import (
+    ExactCheck,
+    ExploiterStop,
+    StopReason,
+    plateau_test,
+    stop_reason,
+)
+from selfplay.league.matchmaking import (
+    MAIN,
+    SELF,
+    UNIFORM,
+    is_fixed,
+    is_pfsp,
+    pfsp_probabilities,
+    pfsp_weighting,
+    schedule_matches,
+)
+from selfplay.league.payoff import PayoffTable, pairwise_outcomes
 from selfplay.league.population import eviction_choice, snapshot_due, snapshot_name
 from selfplay.league.ratings import OnlineRatings
 from selfplay.league.records import LEARNING_KINDS, LeagueMatch, LeaguePlayer
@@ -37,6 +59,7 @@ class StepChanges:
     snapshots: list[LeaguePlayer] = field(default_factory=list)
     resets: list[str] = field(default_factory=list)  # exploiters to restart from their initial weights
     retired: list[str] = field(default_factory=list)
+    stops: list[ExploiterStop] = field(default_factory=list)  # why each exploiter frozen this step was
 
 
 def initial_players(config: TrainConfig) -> list[LeaguePlayer]:
@@ -66,6 +89,8 @@ class League:
         self.payoff = PayoffTable(config.league.payoff_decay)
         self.ratings = OnlineRatings()
         self.players: dict[str, LeaguePlayer] = {}
+        # Each exploiter's results against its target since it (re)started, in the order played.
+        self.target_scores: dict[str, list[float]] = defaultdict(list)
         # Replay the store: each step's matches, then the snapshots taken after them.
         created: dict[int, list[LeaguePlayer]] = {}
         for player in store.players() if store is not None else [LeaguePlayer(MAIN, "main", 0)]:
@@ -96,6 +121,31 @@ class League:
         """Who `uniform` and `pfsp` draw from: the active snapshots and the scripted agents."""
         return [p.name for p in self.players.values() if p.kind in ("snapshot", "scripted") and p.active]
 
+    def is_exploiter(self, name: str) -> bool:
+        player = self.players.get(name)
+        return player is not None and player.kind in ("main_exploiter", "league_exploiter")
+
+    def hunted_main(self, player: LeaguePlayer) -> str:
+        """Whom `player`'s `main` rule draws: the main player itself, or for an exploiter the main
+        player's snapshot taken when it (re)started."""
+        if not self.is_exploiter(player.name):
+            return MAIN
+        start = self.last_snapshot_step(player.name)
+        mains = [p for p in self.players.values() if p.parent == MAIN and p.created_step <= start]
+        return max(mains, key=lambda p: p.created_step).name
+
+    def pool(self, player: LeaguePlayer) -> list[str]:
+        """The past players `player`'s `uniform` and `pfsp` rules draw from: for an exploiter,
+        those of the population when it (re)started that are still active."""
+        if not self.is_exploiter(player.name):
+            return self.past_players()
+        start = self.last_snapshot_step(player.name)
+        return [name for name in self.past_players() if self.players[name].created_step <= start]
+
+    def hunts_main(self, player: LeaguePlayer) -> bool:
+        mixes = [self.mix(player), *self.config.league.role_opponents.values()]
+        return any(weight > 0 for mix in mixes for rule, weight in mix.items() if rule == MAIN)
+
     def mix(self, player: LeaguePlayer) -> Mapping[str, float]:
         league = self.config.league
         if player.kind == "main_exploiter":
@@ -111,12 +161,34 @@ class League:
         found: list[str] = []
         for rule in (rule for mix in mixes for rule, weight in mix.items() if weight > 0):
             if rule == MAIN and player.name != MAIN:
-                found.append(MAIN)
+                found.append(self.hunted_main(player))
             elif rule == UNIFORM or is_pfsp(rule):
-                found += self.past_players()
+                found += self.pool(player)
             elif is_fixed(rule):
                 found.append(rule)
         return [name for name in dict.fromkeys(found) if name not in (player.name, SELF)]
+
+    def target_weights(self, player: LeaguePlayer, game: str | None = None) -> dict[str, float]:
+        """Whom `player`'s mix draws now, by probability (its games against itself left out, PFSP
+        weighted by its win rates in `game`): the target its stopping rule scores it against."""
+        mix = {rule: weight for rule, weight in self.mix(player).items() if rule != SELF and weight > 0}
+        pool = self.pool(player)
+        weights: dict[str, float] = defaultdict(float)
+        for rule, weight in mix.items():
+            if rule == MAIN:
+                weights[self.hunted_main(player)] += weight
+            elif is_fixed(rule):
+                weights[rule] += weight
+            elif pool:
+                if rule == UNIFORM:
+                    drawn = np.full(len(pool), 1 / len(pool))
+                else:
+                    rates = [self._win_rate(player.name, name, game) for name in pool]
+                    drawn = pfsp_probabilities(rates, pfsp_weighting(rule))
+                for name, probability in zip(pool, drawn):
+                    weights[name] += weight * float(probability)
+        total = sum(weights.values())
+        return {name: weight / total for name, weight in weights.items()}
 
     def last_snapshot_step(self, learner: str) -> int:
         """The step of `learner`'s latest snapshot (0 if none): where an exploiter restarted."""
@@ -142,7 +214,8 @@ class League:
                 roles,
                 starts,
                 config.advantages.group_size,
-                past_players=self.past_players(),
+                main=self.hunted_main(player),
+                past_players=self.pool(player),
                 win_rate=functools.partial(self._win_rate, player.name),
                 role_mixes=config.league.role_opponents,
             )
@@ -154,12 +227,14 @@ class League:
         trajectories: Sequence[Trajectory],
         versions: Mapping[str, int],
         freeze: Callable[[str, str], str],
+        checks: Mapping[str, ExactCheck] = {},
     ) -> StepChanges:
         """Record the step's finished games, then take the snapshots that are due and retire
         what the cap says, all committed to the store at once. `versions` gives each model
         player's policy version; `freeze(learner, snapshot)` writes a learner's weights for a
-        new snapshot and returns their path relative to the run directory. A league of one
-        records nothing."""
+        new snapshot and returns their path relative to the run directory; `checks` holds the
+        exact checks of the exploiters the `exact` rule checked this step, after their update. A
+        league of one records nothing."""
         if self.store is None:
             return StepChanges()
         matches = [self._league_match(step, t, versions) for t in trajectories]
@@ -167,39 +242,90 @@ class League:
             self._add_match(match)
         changes = StepChanges()
         for player in self.learning_players():
-            league = self.config.league
-            rates = [
-                (self._win_rate(player.name, name), self.payoff.tally(player.name, name).games)
-                for name in self.targets(player)
-            ]
-            if snapshot_due(
-                step - self.last_snapshot_step(player.name),
-                rates,
-                every=league.snapshot_every,
-                win_rate=league.snapshot_win_rate,
-                min_games=league.snapshot_min_games,
-                max_steps=league.snapshot_max_steps,
-            ):
-                name = snapshot_name(player.name, step)
-                snapshot = LeaguePlayer(name, "snapshot", step, parent=player.name, weights=freeze(player.name, name))
-                self.players[name] = snapshot
-                self.ratings.inherit(name, player.name)
-                changes.snapshots.append(snapshot)
-                if player.kind != "main":
-                    self._forget(player.name)
-                    changes.resets.append(player.name)
+            reason = self._freeze_reason(step, player, checks.get(player.name))
+            if reason is None:
+                continue
+            if player.kind != "main":  # before the snapshot, which restarts its target
+                changes.stops.append(self._stop_record(step, player, reason, checks.get(player.name)))
+            changes.snapshots.append(self._snapshot(step, player.name, freeze))
+            if player.kind != "main":
+                self._forget(player.name)
+                changes.resets.append(player.name)
+        restarted = [self.players[name] for name in changes.resets]
+        if any(self.hunts_main(p) for p in restarted) and all(s.parent != MAIN for s in changes.snapshots):
+            changes.snapshots.append(self._snapshot(step, MAIN, freeze))  # the restarted exploiters' target
+        hunted = {self.hunted_main(p) for p in self.learning_players() if p.kind != "main" and self.hunts_main(p)}
         changes.retired = eviction_choice(
-            self.snapshots(), functools.partial(self._win_rate, MAIN), self.config.league.population_cap
+            self.snapshots(), functools.partial(self._win_rate, MAIN), self.config.league.population_cap, hunted
         )
         for name in changes.retired:
             self.players[name] = dataclass_replace(self.players[name], active=False)
         self.store.record_step(step, matches, changes.snapshots, changes.retired, self.ratings.table())
         return changes
 
+    def _freeze_reason(self, step: int, player: LeaguePlayer, check: ExactCheck | None) -> StopReason | None:
+        """Why `player` is frozen after `step`, or None: the snapshot rule, or an exploiter's stopping rule."""
+        league = self.config.league
+        steps_since = step - self.last_snapshot_step(player.name)
+        if player.kind == "main" or league.exploiter_stop == "snapshot":
+            rates = [
+                (self._win_rate(player.name, name), self.payoff.tally(player.name, name).games)
+                for name in self.targets(player)
+            ]
+            due = snapshot_due(
+                steps_since,
+                rates,
+                every=league.snapshot_every,
+                win_rate=league.snapshot_win_rate,
+                min_games=league.snapshot_min_games,
+                max_steps=league.snapshot_max_steps,
+            )
+            return "snapshot" if due else None
+        return stop_reason(
+            steps_since,
+            league.exploiter_max_steps,
+            exact=check,
+            fraction=league.exploiter_stop_fraction,
+            plateau=self._plateau(player.name) if league.exploiter_stop == "plateau" else None,
+        )
+
+    def _plateau(self, exploiter: str):
+        league = self.config.league
+        return plateau_test(
+            self.target_scores[exploiter],
+            league.exploiter_plateau_games,
+            league.exploiter_plateau_gain,
+            league.exploiter_plateau_false_stop,
+        )
+
+    def _snapshot(self, step: int, learner: str, freeze: Callable[[str, str], str]) -> LeaguePlayer:
+        name = snapshot_name(learner, step)
+        snapshot = LeaguePlayer(name, "snapshot", step, parent=learner, weights=freeze(learner, name))
+        self.players[name] = snapshot
+        self.ratings.inherit(name, learner)
+        return snapshot
+
+    def _stop_record(
+        self, step: int, player: LeaguePlayer, reason: StopReason, check: ExactCheck | None
+    ) -> ExploiterStop:
+        scores = self.target_scores[player.name]
+        return ExploiterStop(
+            exploiter=player.name,
+            snapshot=snapshot_name(player.name, step),
+            step=step,
+            steps=step - self.last_snapshot_step(player.name),
+            reason=reason,
+            target=self.target_weights(player),
+            games=len(scores),
+            score=float(np.mean(scores)) if scores else None,
+            exact=check,
+            plateau=self._plateau(player.name) if self.config.league.exploiter_stop == "plateau" else None,
+        )
+
     def metrics(self, changes: StepChanges) -> dict[str, float]:
         """The figures TensorBoard shows after a step with `changes`: the population, the
-        snapshots taken and the rating of every active player, scripted ones included (none for
-        a league of one)."""
+        snapshots taken, the rating of every active player, scripted ones included, and each
+        frozen exploiter's figures against its target (none for a league of one)."""
         if self.store is None:
             return {}
         ratings = self.ratings.table()
@@ -207,6 +333,11 @@ class League:
         for player in self.players.values():
             if player.active and player.name in ratings:
                 metrics[f"league/rating/{player.name}"] = ratings[player.name][0]
+        for stop in changes.stops:
+            figures = stop.record()
+            for name in ("steps", "score", "value", "best_response_value"):
+                if figures[name] is not None:
+                    metrics[f"{stop.exploiter}/stop/{name}"] = float(figures[name])
         return metrics
 
     def close(self) -> None:
@@ -230,10 +361,14 @@ class League:
         rating so far belong to the snapshot just taken."""
         self.payoff.forget(exploiter)
         self.ratings.forget(exploiter)
+        self.target_scores.pop(exploiter, None)
 
     def _add_match(self, match: LeagueMatch) -> None:
         self.payoff.add(match)
         self.ratings.add(match)
+        for i, _, outcome in pairwise_outcomes(match):
+            if self.is_exploiter(match.players[i]):  # an exploiter meets only itself and its targets
+                self.target_scores[match.players[i]].append(outcome)
 
     def _league_match(self, step: int, trajectory: Trajectory, versions: Mapping[str, int]) -> LeagueMatch:
         result = trajectory.result

@@ -9,14 +9,15 @@ steps. Exploiters restart from their initial weights after each snapshot (AlphaS
 
 Eviction rule: when more than `population_cap` snapshots are active, the one the main player
 beats most often leaves (the one PFSP would pick least, and the one it learns least from);
-the newest snapshot of each learning player never leaves, and ties go to the oldest. A retired snapshot keeps its
+the newest snapshot of each learning player and the main player's snapshots that exploiters hunt
+never leave, and ties go to the oldest. A retired snapshot keeps its
 matches and ratings in the store; it is only no longer matched.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from selfplay.league.records import LeaguePlayer
 
@@ -45,14 +46,17 @@ def snapshot_due(
     return bool(win_rate and win_rates and all(games >= min_games and rate > win_rate for rate, games in win_rates))
 
 
-def eviction_choice(snapshots: Sequence[LeaguePlayer], main_win_rate: Callable[[str], float], cap: int) -> list[str]:
+def eviction_choice(
+    snapshots: Sequence[LeaguePlayer], main_win_rate: Callable[[str], float], cap: int, hunted: Collection[str] = ()
+) -> list[str]:
     """The snapshots to retire so that at most `cap` stay active (see the module's rule).
-    `snapshots` are the active ones, oldest first; `main_win_rate(name)` is NaN if never met."""
+    `snapshots` are the active ones, oldest first; `main_win_rate(name)` is NaN if never met;
+    `hunted` are the snapshots exploiters are training against."""
     active = list(snapshots)
     newest = {p.parent: p.name for p in active}
     retired = []
     while cap and len(active) > cap:
-        candidates = [p for p in active if newest[p.parent] != p.name]
+        candidates = [p for p in active if newest[p.parent] != p.name and p.name not in hunted]
         if not candidates:
             break
         rates = [main_win_rate(p.name) for p in candidates]
