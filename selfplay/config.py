@@ -239,6 +239,9 @@ class LeagueConfig:
     snapshot_max_steps: int = 50  # a snapshot at least this often; 0 for no cap
     population_cap: int = 32  # active snapshots at most; 0 for no cap
     payoff_decay: Fraction = 0.99  # per result between two players (AlphaStar's decayed counts)
+    # psro:SOLVER rules: the games each pair of past players plays (as evaluation games, trained on
+    # by no one) before a new one joins the meta-game they solve (selfplay/league/meta_game.py).
+    psro_min_games: AtLeastOne = 256
 
     def __post_init__(self):
         if self.exploiter_init == "main" and self.exploiter_lora_rank:
@@ -334,8 +337,9 @@ class TrainConfig:
     max_minutes: Positive | None = None  # stop (with a checkpoint) after the step that passes this wall time
     games: dict[str, Weight] = field(default_factory=lambda: {"tictactoe": 1.0})  # game spec -> weight
     # Who the main player meets, by weight: "self" is its current policy; with the league,
-    # "uniform" and "pfsp:hard|variance|linear_capped" pick from the population; anything else
-    # is a fixed agent spec ("random", "mcts:50", "nash"). See selfplay/league/matchmaking.py.
+    # "uniform", "pfsp:hard|variance|linear_capped" and "psro:nash|prd|alpharank" (its meta-strategy)
+    # pick from the population; anything else is a fixed agent spec ("random", "mcts:50", "nash").
+    # See selfplay/league/matchmaking.py.
     opponents: dict[str, Weight] = field(default_factory=lambda: {"self": 1.0})
     checkpoint_every: AtLeastOne = 50  # steps between checkpoints; the last step is always saved
     keep_checkpoints: AtLeastOne = 2

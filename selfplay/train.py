@@ -73,7 +73,7 @@ from selfplay.games.registry import is_cooperative
 from selfplay.league.exploiter_log import append_stops, keep_stops_up_to
 from selfplay.league.exploiter_stopping import ExactCheck, exact_check, exact_check_due
 from selfplay.league.manager import League, initial_players, roles_of
-from selfplay.league.matchmaking import MAIN, SELF, is_fixed, rule_error
+from selfplay.league.matchmaking import MAIN, SELF, is_fixed, is_psro, rule_error
 from selfplay.league.population import snapshot_name
 from selfplay.league.standings import read_league, standings_text
 from selfplay.league.store import LeagueStore
@@ -109,6 +109,17 @@ def validate(config: TrainConfig) -> None:
             problem = rule_error(rule)
             if problem:
                 raise UserError(f"Bad value for '{key}': {problem}.")
+            not_two_player = [game for game in config.games if len(roles_of(game)) != 2]
+            if is_psro(rule) and not_two_player:
+                raise UserError(
+                    f"'{key}' names '{rule}', whose meta-game is between two players, but {', '.join(not_two_player)} "
+                    "seat more or fewer: train two-player games, or use pfsp or uniform."
+                )
+            if is_psro(rule) and key.endswith("exploiter_opponents"):
+                raise UserError(
+                    f"'{key}' names '{rule}', but an exploiter hunts a target that stays put while it trains, and "
+                    "the meta-strategy moves as the population grows: give psro rules to the main player (opponents)."
+                )
             if is_fixed(rule):
                 fixed.append(rule)
             elif rule != SELF and not config.league.enabled:
@@ -718,6 +729,7 @@ class Trainer:
         for name, check in checks.items():
             metrics[f"{name}/exact/value"] = check.value
             metrics[f"{name}/exact/best_response_value"] = check.best_response_value
+        checked = time.perf_counter()
         metrics.update(self._league_step(trajectories, versions, checks))
         for spec, figures in game_metrics.items():
             metrics.update({f"game/{spec}/{k}": v for k, v in figures.items()})
@@ -725,7 +737,9 @@ class Trainer:
         metrics["time/generate_s"] = generated - started
         metrics["time/learn_s"] = updated - generated - sync_s
         metrics["time/sync_s"] = sync_s
-        metrics["time/league_s"] = time.perf_counter() - updated
+        metrics["time/league_s"] = time.perf_counter() - checked
+        if checks:
+            metrics["time/exact_check_s"] = checked - updated
         metrics["time/tokens_per_s"] = tokens / max(generated - started, 1e-9)
         return metrics
 

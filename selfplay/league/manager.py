@@ -41,10 +41,13 @@ from selfplay.league.matchmaking import (
     UNIFORM,
     is_fixed,
     is_pfsp,
+    is_psro,
     pfsp_probabilities,
     pfsp_weighting,
+    psro_solver,
     schedule_matches,
 )
+from selfplay.league.meta_game import evaluation_matches, members, solve_meta_game
 from selfplay.league.payoff import PayoffTable, pairwise_outcomes
 from selfplay.league.population import eviction_choice, snapshot_due, snapshot_name
 from selfplay.league.ratings import OnlineRatings
@@ -52,6 +55,9 @@ from selfplay.league.records import LEARNING_KINDS, LeagueMatch, LeaguePlayer
 from selfplay.league.store import LeagueStore
 from selfplay.records import Trajectory
 from selfplay.rollouts import MatchSpec
+
+# The random stream of a step's evaluation games, apart from every learning player's (its index).
+EVALUATION_STREAM = 2**31 - 1
 
 
 @dataclass
@@ -89,6 +95,8 @@ class League:
         self.payoff = PayoffTable(config.league.payoff_decay)
         self.ratings = OnlineRatings()
         self.players: dict[str, LeaguePlayer] = {}
+        # (solver, game) -> the past players and their mean returns when last solved, and the mixture.
+        self.meta_solutions: dict[tuple[str, str], tuple[bytes, dict[str, float]]] = {}
         # Each exploiter's results against its target since it (re)started, in the order played.
         self.target_scores: dict[str, list[float]] = defaultdict(list)
         # Replay the store: each step's matches, then the snapshots taken after them.
@@ -162,7 +170,7 @@ class League:
         for rule in (rule for mix in mixes for rule, weight in mix.items() if weight > 0):
             if rule == MAIN and player.name != MAIN:
                 found.append(self.hunted_main(player))
-            elif rule == UNIFORM or is_pfsp(rule):
+            elif rule == UNIFORM or is_pfsp(rule) or is_psro(rule):
                 found += self.pool(player)
             elif is_fixed(rule):
                 found.append(rule)
@@ -197,12 +205,13 @@ class League:
     # -- a step --------------------------------------------------------------------------------
 
     def schedule(self, step: int) -> list[MatchSpec]:
-        """Every learning player's games for `step`, each owned by its player, deterministic in
-        (seed, step)."""
+        """Every learning player's games for `step`, each owned by its player, and the evaluation
+        games that fill the PSRO meta-games, owned by none; deterministic in (seed, step)."""
         config = self.config
         starts = config.rollout.games_per_step // config.advantages.group_size
         roles = {game: roles_of(game) for game in config.games}
         scheduled = []
+        meta_strategy = functools.cache(self.meta_strategy)
         for index, player in enumerate(self.learning_players()):
             # The main player's draws do not depend on how many exploiters there are.
             rng = np.random.default_rng([config.seed, step] if index == 0 else [config.seed, step, index])
@@ -217,9 +226,10 @@ class League:
                 main=self.hunted_main(player),
                 past_players=self.pool(player),
                 win_rate=functools.partial(self._win_rate, player.name),
+                meta_strategy=meta_strategy,
                 role_mixes=config.league.role_opponents,
             )
-        return scheduled
+        return scheduled + self._evaluation_matches(step)
 
     def record_step(
         self,
@@ -322,6 +332,59 @@ class League:
             plateau=self._plateau(player.name) if self.config.league.exploiter_stop == "plateau" else None,
         )
 
+    # -- the PSRO meta-game --------------------------------------------------------------------
+
+    def meta_strategy(self, solver: str, game: str) -> dict[str, float]:
+        """The mixture over the past players that meta-solver `solver` gives the meta-game of
+        `game` (selfplay/league/meta_game.py), by name, players of no weight left out; solved
+        again whenever a player joins or leaves it or a game changes its mean returns."""
+        players = self.past_players()
+        if not players:
+            return {}
+        means, _, games = self.payoff.return_matrix(players, game)
+        key = repr(players).encode() + means.tobytes()
+        solved = self.meta_solutions.get((solver, game))
+        if solved is None or solved[0] != key:
+            weights = solve_meta_game(solver, means, games, self.config.league.psro_min_games)
+            solved = key, {name: float(weight) for name, weight in zip(players, weights) if weight > 0}
+            self.meta_solutions[solver, game] = solved
+        return solved[1]
+
+    def meta_solvers(self) -> list[str]:
+        """The meta-solvers the learning players' mixes name (`psro:SOLVER`)."""
+        mixes = [*(self.mix(player) for player in self.learning_players()), *self.config.league.role_opponents.values()]
+        rules = (rule for mix in mixes for rule, weight in mix.items() if weight > 0 and is_psro(rule))
+        return list(dict.fromkeys(psro_solver(rule) for rule in rules))
+
+    def _evaluation_matches(self, step: int) -> list[MatchSpec]:
+        """The games that bring every pair of past players to `league.psro_min_games` games in each
+        game of the run, where a mix names a psro rule."""
+        if self.store is None or not self.meta_solvers():
+            return []
+        rng = np.random.default_rng([self.config.seed, step, EVALUATION_STREAM])
+        players = self.past_players()
+        matches = []
+        for game in self.config.games:
+            _, _, games = self.payoff.return_matrix(players, game)
+            matches += evaluation_matches(rng, game, players, games, self.config.league.psro_min_games)
+        return matches
+
+    def _meta_game_metrics(self) -> dict[str, float]:
+        """Per game: its meta-game's members and the largest standard error of their mean returns,
+        and each meta-solver's weight on each member."""
+        metrics = {}
+        players = self.past_players()
+        for game in self.config.games if self.meta_solvers() and players else ():
+            _, errors, games = self.payoff.return_matrix(players, game)
+            joined = members(games, self.config.league.psro_min_games)
+            metrics[f"league/meta/{game}/members"] = float(len(joined))
+            if len(joined) > 1:
+                metrics[f"league/meta/{game}/max_stderr"] = float(np.nanmax(errors[np.ix_(joined, joined)]))
+            for solver in self.meta_solvers():
+                for name, weight in self.meta_strategy(solver, game).items():
+                    metrics[f"league/meta/{game}/{solver}/{name}"] = weight
+        return metrics
+
     def metrics(self, changes: StepChanges) -> dict[str, float]:
         """The figures TensorBoard shows after a step with `changes`: the population, the
         snapshots taken, the rating of every active player, scripted ones included, and each
@@ -330,6 +393,7 @@ class League:
             return {}
         ratings = self.ratings.table()
         metrics = {"league/snapshots": float(len(self.snapshots())), "league/taken": float(len(changes.snapshots))}
+        metrics.update(self._meta_game_metrics())
         for player in self.players.values():
             if player.active and player.name in ratings:
                 metrics[f"league/rating/{player.name}"] = ratings[player.name][0]

@@ -1,12 +1,22 @@
 """The payoff table: how each player fares against each other, per game and role pairing.
 
-Counts decay as AlphaStar's do: each new result between two players first multiplies their
-counts by `decay`, so a player's win rate follows the opponent it faces now rather than every
-version of it ever met. A score is wins plus half the draws over games.
+Two records per ordered pair of players:
+
+- win, draw and loss counts, decayed as AlphaStar's are: each new result between two players
+  first multiplies their counts by `decay`, so a player's win rate (wins plus half the draws,
+  over games) follows the opponent it faces now rather than every version of it ever met.
+  Matchmaking (PFSP) and the snapshot rule read these.
+- the returns, undecayed: every game counts once, with the sum and the sum of squares of the
+  return (player a's reward less b's, halved: a's reward itself in a two-player zero-sum game),
+  so that an entry carries an interval. `Returns.interval` is mean +- 1.96 standard errors, the
+  standard error being sqrt(s^2 / n) for the unbiased sample variance s^2 of the n returns: a
+  normal-approximation 95% confidence interval for a's expected return against b. The PSRO
+  meta-game reads these; its members are frozen, so every game of theirs counts alike.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -40,6 +50,48 @@ class Tally:
             self.draws += 1
 
 
+@dataclass
+class Returns:
+    """Every return of one player against another, undecayed (see the module)."""
+
+    games: int = 0
+    total: float = 0.0
+    squares: float = 0.0
+
+    def add(self, value: float) -> None:
+        self.games += 1
+        self.total += value
+        self.squares += value * value
+
+    def merge(self, other: Returns) -> None:
+        self.games += other.games
+        self.total += other.total
+        self.squares += other.squares
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.games if self.games else float("nan")
+
+    @property
+    def variance(self) -> float:
+        """The unbiased sample variance; NaN under two games."""
+        if self.games < 2:
+            return float("nan")
+        return max(0.0, (self.squares - self.total * self.mean) / (self.games - 1))
+
+    @property
+    def standard_error(self) -> float:
+        return math.sqrt(self.variance / self.games) if self.games >= 2 else float("nan")
+
+    def interval(self) -> tuple[float, float]:
+        """The 95% confidence interval of the expected return (see the module)."""
+        half = CONFIDENCE_Z * self.standard_error
+        return self.mean - half, self.mean + half
+
+
+CONFIDENCE_Z = 1.96  # standard errors on each side of a 95% normal-approximation interval
+
+
 def pairwise_outcomes(match: LeagueMatch) -> Iterable[tuple[int, int, float]]:
     """(seat i, seat j, outcome of i against j) for every ordered pair of seats held by different
     players: 1 if i's reward is higher, 0 if lower, 0.5 if equal."""
@@ -54,11 +106,14 @@ class PayoffTable:
     def __init__(self, decay: float = 1.0):
         self.decay = decay
         self.tallies: dict[Slot, dict[tuple[str, str], Tally]] = defaultdict(lambda: defaultdict(Tally))
+        self.returns: dict[Slot, dict[tuple[str, str], Returns]] = defaultdict(lambda: defaultdict(Returns))
 
     def add(self, match: LeagueMatch) -> None:
         for i, j, outcome in pairwise_outcomes(match):
             slot = (match.game, match.roles[i], match.roles[j])
-            self.tallies[slot][match.players[i], match.players[j]].add(outcome, self.decay)
+            pair = match.players[i], match.players[j]
+            self.tallies[slot][pair].add(outcome, self.decay)
+            self.returns[slot][pair].add((match.rewards[i] - match.rewards[j]) / 2)
 
     def extend(self, matches: Iterable[LeagueMatch]) -> None:
         for match in matches:
@@ -66,9 +121,10 @@ class PayoffTable:
 
     def forget(self, player: str) -> None:
         """Drop every result involving `player`."""
-        for pairs in self.tallies.values():
-            for pair in [pair for pair in pairs if player in pair]:
-                del pairs[pair]
+        for records in (self.tallies, self.returns):
+            for pairs in records.values():
+                for pair in [pair for pair in pairs if player in pair]:
+                    del pairs[pair]
 
     def tally(self, a: str, b: str, game: str | None = None) -> Tally:
         """a's decayed results against b, summed over the role pairings (of `game`, or of all games)."""
@@ -99,3 +155,26 @@ class PayoffTable:
                     games[i, j] = self.tally(a, b, game).games
                     rates[i, j] = self.win_rate(a, b, game)
         return rates, games
+
+    def pair_returns(self, a: str, b: str, game: str | None = None) -> Returns:
+        """a's returns against b, pooled over the role pairings (of `game`, or of all games)."""
+        total = Returns()
+        for (slot_game, _, _), pairs in self.returns.items():
+            if (game is None or slot_game == game) and (a, b) in pairs:
+                total.merge(pairs[a, b])
+        return total
+
+    def return_matrix(
+        self, players: Sequence[str], game: str | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(mean returns, their standard errors, games) between `players`, row against column;
+        NaN where they never met (standard errors: under two games), 0 on the diagonal."""
+        means = np.zeros((len(players), len(players)))
+        errors = np.zeros_like(means)
+        games = np.zeros_like(means)
+        for i, a in enumerate(players):
+            for j, b in enumerate(players):
+                if i != j:
+                    returns = self.pair_returns(a, b, game)
+                    means[i, j], errors[i, j], games[i, j] = returns.mean, returns.standard_error, returns.games
+        return means, errors, games

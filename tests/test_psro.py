@@ -1,0 +1,187 @@
+"""The PSRO mode: payoff entries with intervals against hand-computed values, the meta-game's
+members and evaluation games, the psro rule drawing the solved mixture, and a tiny league run
+in which the main player trains against the population's meta-strategy."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from selfplay.config import load_config
+from selfplay.errors import UserError
+from selfplay.league.manager import League
+from selfplay.league.matchmaking import choose_opponent
+from selfplay.league.meta_game import evaluation_matches, members, solve_meta_game
+from selfplay.league.payoff import PayoffTable
+from selfplay.league.records import LeagueMatch, LeaguePlayer
+from selfplay.league.store import LeagueStore
+from selfplay.run_dir import RunDir
+from selfplay.train import Trainer, train_command
+
+KUHN = "kuhn_poker"
+SEATS = ("player_0", "player_1")
+
+
+def _match(a: str, b: str, reward_a: float, reward_b: float | None = None, step: int = 1) -> LeagueMatch:
+    reward_b = -reward_a if reward_b is None else reward_b
+    return LeagueMatch(step, KUHN, 0, (a, b), SEATS, (0, 0), (reward_a, reward_b), "game_over")
+
+
+def test_payoff_returns_carry_mean_standard_error_and_interval():
+    table = PayoffTable(decay=0.5)  # the decay touches the win counts, never the returns
+    for reward in (1.0, -1.0, 0.0):
+        table.add(_match("a", "b", reward))
+    table.add(_match("b", "a", -2.0))  # a wins 2 from the other seat
+    returns = table.pair_returns("a", "b")
+    # a's returns 1, -1, 0, 2: mean 1/2, sample variance (6 - 4 / 4) / 3 = 5/3, standard error
+    # sqrt(5/3 / 4), and 1.96 of them on each side.
+    assert (returns.games, returns.mean, returns.variance) == (4, 0.5, pytest.approx(5 / 3))
+    assert returns.standard_error == pytest.approx(math.sqrt(5 / 12))
+    assert returns.interval() == pytest.approx((0.5 - 1.96 * math.sqrt(5 / 12), 0.5 + 1.96 * math.sqrt(5 / 12)))
+    assert table.pair_returns("b", "a").mean == -0.5
+    # A game that is not zero-sum counts half the difference of the rewards.
+    table.add(_match("a", "c", 3.0, 1.0))
+    assert table.pair_returns("a", "c").mean == 1.0 and math.isnan(table.pair_returns("a", "c").standard_error)
+    means, errors, games = table.return_matrix(["a", "b", "d"])
+    assert means[0, 1] == 0.5 and errors[1, 0] == pytest.approx(math.sqrt(5 / 12)) and games[0, 1] == 4
+    assert math.isnan(means[0, 2]) and games[0, 2] == 0 and means[1, 1] == 0
+    table.forget("a")
+    assert table.pair_returns("a", "b").games == 0
+
+
+def test_a_past_player_joins_the_meta_game_once_it_played_enough_games_with_every_member():
+    games = np.array([[0, 8, 8, 3], [8, 0, 8, 8], [8, 8, 0, 8], [3, 8, 8, 0]])
+    assert members(games, 8) == [0, 1, 2]  # the last has met the first only 3 times
+    assert members(games, 3) == [0, 1, 2, 3]
+    assert members(np.zeros((2, 2)), 1) == [0]
+    # Its weight is 0 until then; among the members, rock-paper-scissors.
+    means = np.array([[0, -1, 1, 5], [1, 0, -1, 5], [-1, 1, 0, 5], [-5, -5, -5, 0.0]])
+    assert solve_meta_game("nash", means, games, 8) == pytest.approx([1 / 3, 1 / 3, 1 / 3, 0])
+
+
+def test_evaluation_games_fill_each_pair_to_the_minimum_with_each_deal_played_from_both_seats():
+    games = np.array([[0, 4, 0], [4, 0, 5], [0, 5, 0]])
+    matches = evaluation_matches(np.random.default_rng(0), KUHN, ["a", "b", "c"], games, 6)
+    pairs = [match.players for match in matches]
+    # a-b lacks 2 (one deal), a-c 6 (three deals), b-c 1 (rounded up to one deal).
+    assert pairs == [("a", "b"), ("b", "a")] + [("a", "c"), ("c", "a")] * 3 + [("b", "c"), ("c", "b")]
+    assert all(first.seed == second.seed for first, second in zip(matches[::2], matches[1::2]))
+    assert len({match.seed for match in matches}) == 5 and {match.owner for match in matches} == {None}
+
+
+def test_the_psro_rule_draws_past_players_by_the_mixture():
+    rng = np.random.default_rng(0)
+    mixture = {"main@000000": 0.2, "main@000040": 0.5, "random": 0.3}
+    draws = [
+        choose_opponent(rng, "psro:prd", "main", "main", list(mixture), lambda name: 0.5, {"prd": mixture}.get)
+        for _ in range(20_000)
+    ]
+    assert [draws.count(name) / len(draws) for name in mixture] == pytest.approx(list(mixture.values()), abs=0.01)
+    assert choose_opponent(rng, "psro", "main", "main", [], lambda name: 0.5) == "main"  # nobody yet: self-play
+
+
+def _league(tmp_path, *overrides: str) -> League:
+    config = load_config(
+        None,
+        [
+            f"run_dir={tmp_path}",
+            f"games={{{KUHN}: 1}}",
+            "opponents={psro:nash: 1}",
+            "rollout.games_per_step=512",
+            "league.enabled=true",
+            "league.psro_min_games=4",
+            *overrides,
+        ],
+    )
+    store = LeagueStore(RunDir(tmp_path).league_store)
+    store.add_players([LeaguePlayer("main", "main", 0), *(_snapshot(name) for name in "rps")])
+    return League(config, store)
+
+
+def _snapshot(name: str) -> LeaguePlayer:
+    return LeaguePlayer(name, "snapshot", 0, parent="main", weights=f"{name}.safetensors")
+
+
+def _rock_paper_scissors(league: League, games: int = 4) -> None:
+    """Rock, paper and scissors as snapshots: each wins 1 from the one it beats, `games` times."""
+    for winner, loser in (("p", "r"), ("s", "p"), ("r", "s")):
+        league.payoff.extend([_match(winner, loser, 1.0)] * games)
+
+
+def test_the_main_player_meets_the_solved_mixture_and_unmet_pairs_get_evaluation_games(tmp_path):
+    league = _league(tmp_path)
+    _rock_paper_scissors(league)
+    means, _, _ = league.payoff.return_matrix(["r", "p", "s"], KUHN)
+    assert means == pytest.approx(np.array([[0, -1, 1], [1, 0, -1], [-1, 1, 0]]))
+    assert league.meta_strategy("nash", KUHN) == pytest.approx({"r": 1 / 3, "p": 1 / 3, "s": 1 / 3})
+    scheduled = league.schedule(1)
+    opponents = [next(p for p in m.players if p != "main") for m in scheduled if m.owner == "main"]
+    assert len(opponents) == 512
+    assert [opponents.count(name) / 512 for name in "rps"] == pytest.approx([1 / 3] * 3, abs=0.06)
+    assert [m for m in scheduled if m.owner is None] == []  # every pair has its 4 games
+
+    # A new snapshot stays out of the mixture until it has played 4 games with each member, which
+    # the next step schedules as evaluation games.
+    league.players["x"] = _snapshot("x")
+    assert set(league.meta_strategy("nash", KUHN)) == {"r", "p", "s"}
+    evaluation = [m for m in league.schedule(2) if m.owner is None]
+    assert sorted(m.players for m in evaluation) == sorted(
+        [(a, "x"), ("x", a)][seat] for a in "rps" for seat in (0, 1) for _ in range(2)
+    )
+    league.payoff.extend([_match("x", a, 1.0) for a in "rps" for _ in range(4)])
+    assert league.meta_strategy("nash", KUHN) == pytest.approx({"x": 1.0})
+    assert (
+        league.metrics(league.record_step(2, [], {}, lambda learner, name: ""))["league/meta/kuhn_poker/members"] == 4
+    )
+    league.close()
+
+
+def test_psro_rules_name_a_known_solver_two_player_games_and_the_main_player(tiny_model_dir, tmp_path):
+    base = [f"model={tiny_model_dir}", "league.enabled=true", f"run_dir={tmp_path}"]
+    with pytest.raises(UserError, match="psro:nash, psro:prd, psro:alpharank"):
+        Trainer(load_config(None, [*base, "opponents={psro:fictitious: 1}"]), progress=False)
+    with pytest.raises(UserError, match="proposer_solver seat more or fewer"):
+        Trainer(load_config(None, [*base, "opponents={psro: 1}", "games={proposer_solver: 1}"]), progress=False)
+    with pytest.raises(UserError, match="give psro rules to the main player"):
+        overrides = [*base, "league.main_exploiters=1", "league.main_exploiter_opponents={psro:prd: 1}"]
+        Trainer(load_config(None, overrides), progress=False)
+
+
+@pytest.mark.slow
+def test_a_tiny_psro_league_trains_the_main_player_against_its_meta_strategy(tiny_model_dir, tmp_path):
+    overrides = [
+        "steps=3",
+        f"games={{{KUHN}: 1}}",
+        "opponents={psro:alpharank: 1}",
+        "rollout.games_per_step=4",
+        "rollout.max_new_tokens=4",
+        "league.enabled=true",
+        "league.snapshot_every=1",
+        "league.psro_min_games=2",
+        f"model={tiny_model_dir}",
+        f"run_dir={tmp_path}",
+    ]
+    metrics = train_command(None, overrides, resume=None, progress=False)
+    with LeagueStore(RunDir(tmp_path).league_store) as store:
+        matches = store.matches()
+    by_step = {step: [m.players for m in matches if m.step == step] for step in (1, 2, 3)}
+    # Step 1: the initial snapshot alone is the meta-game. After it, main@000001 plays it twice
+    # (one deal, both seats) before it joins; then main@000002 plays both of them.
+    assert {p for players in by_step[1] for p in players} == {"main", "main@000000"}
+    assert sorted(p for p in by_step[2] if "main" not in p) == [
+        ("main@000000", "main@000001"),
+        ("main@000001", "main@000000"),
+    ]
+    evaluation = sorted(p for p in by_step[3] if "main" not in p)
+    assert len(evaluation) == 4 and all("main@000002" in p for p in evaluation)
+    assert {p for players in by_step[3] for p in players if p != "main"} <= {
+        "main@000000",
+        "main@000001",
+        "main@000002",
+    }
+    assert metrics["league/meta/kuhn_poker/members"] == 3
+    assert sum(value for tag, value in metrics.items() if tag.startswith("league/meta/kuhn_poker/alpharank/")) == (
+        pytest.approx(1.0)
+    )
