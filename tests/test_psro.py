@@ -132,9 +132,10 @@ def test_the_main_player_meets_the_solved_mixture_and_unmet_pairs_get_evaluation
     )
     league.payoff.extend([_match("x", a, 1.0) for a in "rps" for _ in range(4)])
     assert league.meta_strategy("nash", KUHN) == pytest.approx({"x": 1.0})
-    assert (
-        league.metrics(league.record_step(2, [], {}, lambda learner, name: ""))["league/meta/kuhn_poker/members"] == 4
-    )
+    metrics = league.metrics(league.record_step(2, [], {}, lambda learner, name: ""))
+    assert metrics["league/meta/kuhn_poker/members"] == 4
+    # Every member's weight, 0 included (a TensorBoard tag would otherwise keep its last value).
+    assert [metrics[f"league/meta/kuhn_poker/nash/{name}"] for name in "rpsx"] == pytest.approx([0, 0, 0, 1])
     league.close()
 
 

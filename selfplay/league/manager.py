@@ -381,8 +381,9 @@ class League:
             if len(joined) > 1:
                 metrics[f"league/meta/{game}/max_stderr"] = float(np.nanmax(errors[np.ix_(joined, joined)]))
             for solver in self.meta_solvers():
-                for name, weight in self.meta_strategy(solver, game).items():
-                    metrics[f"league/meta/{game}/{solver}/{name}"] = weight
+                mixture = self.meta_strategy(solver, game)
+                for name in (players[index] for index in joined):  # 0 too: a tag keeps its last value
+                    metrics[f"league/meta/{game}/{solver}/{name}"] = mixture.get(name, 0.0)
         return metrics
 
     def metrics(self, changes: StepChanges) -> dict[str, float]:
