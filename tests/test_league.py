@@ -20,6 +20,7 @@ from selfplay.config import load_config
 from selfplay.errors import UserError
 from selfplay.evaluation.evaluate import find_candidates
 from selfplay.league.exploiter_log import read_stops
+from selfplay.league.manager import League, initial_players
 from selfplay.league.matchmaking import choose_opponent, pfsp_probabilities, schedule_matches
 from selfplay.league.payoff import PayoffTable
 from selfplay.league.population import eviction_choice, snapshot_due
@@ -396,6 +397,32 @@ def test_exploiters_can_restart_from_the_main_players_weights(tiny_model_dir, tm
     for name in ("main_exploiter_0", "league_exploiter_0"):
         restarted = trainer.players[name].learner.policy_state_dict()
         assert all(torch.equal(restarted[k], main[k]) for k in main)
+
+
+def test_an_exploiter_hunts_the_main_snapshot_and_population_of_its_restart(tmp_path):
+    config = load_config(
+        None, ["games={kuhn_poker: 1}", "league.enabled=true", "league.main_exploiters=1", "league.league_exploiters=1"]
+    )
+    with LeagueStore(tmp_path / "league.sqlite") as store:
+        store.add_players([*initial_players(config), _snapshot("main@000000")])
+        # The league exploiter was frozen (and restarted) at step 2, beside the main player; the
+        # main player alone again at step 3.
+        store.record_step(
+            2, [], [_snapshot("main@000002", step=2), _snapshot("league_exploiter_0@000002", "league_exploiter_0", 2)]
+        )
+        store.record_step(3, [], [_snapshot("main@000003", step=3)])
+        league = League(config, store)
+        main_exploiter, league_exploiter = league.players["main_exploiter_0"], league.players["league_exploiter_0"]
+        assert league.hunted_main(main_exploiter) == "main@000000"  # not restarted since step 0
+        assert league.pool(league_exploiter) == ["main@000000", "main@000002", "league_exploiter_0@000002"]
+        assert league.pool(league.players["main"])[-1] == "main@000003"
+        assert league.target_weights(main_exploiter) == {"main@000000": 1.0}
+        # PFSP over a population it has not met yet: even odds.
+        assert league.target_weights(league_exploiter) == pytest.approx(
+            dict.fromkeys(league.pool(league_exploiter), 1 / 3)
+        )
+        hunting = [m.players for m in league.schedule(4) if m.owner == "main_exploiter_0"]
+        assert hunting and {name for players in hunting for name in players} == {"main_exploiter_0", "main@000000"}
 
 
 EXPLOITER_STOP = [
