@@ -109,8 +109,8 @@ def validate(config: TrainConfig) -> None:
             problem = rule_error(rule)
             if problem:
                 raise UserError(f"Bad value for '{key}': {problem}.")
-            not_two_player = [game for game in config.games if len(roles_of(game)) != 2]
-            if is_psro(rule) and not_two_player:
+            not_two_player = [game for game in config.games if len(roles_of(game)) != 2] if is_psro(rule) else []
+            if not_two_player:
                 raise UserError(
                     f"'{key}' names '{rule}', whose meta-game is between two players, but {', '.join(not_two_player)} "
                     "seat more or fewer: train two-player games, or use pfsp or uniform."
