@@ -19,29 +19,7 @@ import pyspiel
 from open_spiel.python.algorithms.expected_game_score import policy_value
 
 from selfplay.evaluation.exploitability import exploitability_of, tabular_policy
-from selfplay.league.meta_solvers import solve, zero_sum_nash
-
-
-def meta_nash(win_rates: np.ndarray) -> np.ndarray:
-    """Nash mixture over league players from win_rates[i][j] (i's score against j in [0, 1], draws
-    counting half; diagonal 0.5): the maximin of the antisymmetric game win_rates - 0.5.
-
-    NaN marks a pair without results. A pair recorded from one side only (win_rates[i][j] known,
-    win_rates[j][i] NaN, e.g. just the upper triangle) is completed as 1 - win_rates[i][j]; a pair
-    never played counts as a draw, 0.5, the score a player expects against itself. The diagonal
-    is ignored. Where the two sides of a pair disagree (scores from separate matches), the game
-    is antisymmetrised, (win_rates - win_rates.T) / 2, so its value stays 0.
-    """
-    scores = np.asarray(win_rates, dtype=np.float64)
-    if scores.ndim != 2 or scores.shape[0] != scores.shape[1] or scores.size == 0:
-        raise ValueError(f"expected a non-empty square matrix of win rates, got {scores!r}")
-    if ((scores < 0) | (scores > 1)).any():  # NaN compares False, so only real values are checked
-        raise ValueError(f"win rates must lie in [0, 1] (or be NaN for pairs without results), got {scores!r}")
-    scores = np.where(np.isnan(scores), 1.0 - scores.T, scores)
-    scores = np.nan_to_num(scores, nan=0.5)
-    # Equals scores - 0.5 when scores[i][j] + scores[j][i] = 1, and has a zero diagonal.
-    mixture, _ = zero_sum_nash((scores - scores.T) / 2)
-    return mixture
+from selfplay.league.meta_solvers import solve
 
 
 def mixture_probabilities(

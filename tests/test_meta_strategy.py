@@ -10,7 +10,7 @@ from open_spiel.python.algorithms.expected_game_score import policy_value
 from open_spiel.python.algorithms.policy_aggregator import PolicyAggregator
 
 from selfplay.evaluation.exploitability import exploitability_of, tabular_policy
-from selfplay.evaluation.meta_strategy import meta_nash, mixture_probabilities
+from selfplay.evaluation.meta_strategy import mixture_probabilities
 from selfplay.league.meta_solvers import SOLVERS, solve, zero_sum_nash
 
 NAN = np.nan
@@ -126,45 +126,6 @@ def test_each_meta_solver_puts_the_weight_on_a_strategy_that_beats_every_other(s
 def test_meta_solvers_refuse_what_is_not_a_square_finite_meta_game(payoff):
     with pytest.raises(ValueError):
         solve("nash", payoff)
-
-
-CYCLE = np.array([[0.5, 1.0, 0.0], [0.0, 0.5, 1.0], [1.0, 0.0, 0.5]])  # A beats B beats C beats A
-
-
-def test_a_cyclic_league_is_played_uniformly():
-    assert meta_nash(CYCLE) == pytest.approx([1 / 3] * 3)
-
-
-def test_a_player_beating_everyone_takes_all_the_weight():
-    win_rates = np.array([[0.5, 0.6, 0.3], [0.4, 0.5, 0.2], [0.7, 0.8, 0.5]])
-    assert meta_nash(win_rates) == pytest.approx([0.0, 0.0, 1.0], abs=1e-9)
-
-
-def test_pairs_recorded_from_one_side_are_mirrored():
-    upper = np.array([[NAN, 1.0, 0.0], [NAN, NAN, 1.0], [NAN, NAN, NAN]])
-    assert meta_nash(upper) == pytest.approx([1 / 3] * 3)
-
-
-def test_pairs_never_played_count_as_draws():
-    # A beats B beats C beats A; D, never matched with A, beats B and scores 1/4 against C.
-    # With A-D a draw, the game (win rates - 1/2) asks of a mixture (a, b, c, d) scoring >= 0
-    # against each player: c >= b (vs A), a + d >= c (vs B), b >= a + d/2 (vs C), c >= 2b (vs D).
-    # Together a + d >= c >= 2b >= 2a + d, so a = 0 and c = 2b = d: the only solution.
-    win_rates = np.array(
-        [
-            [0.5, 1.0, 0.0, NAN],
-            [0.0, 0.5, 1.0, 0.0],
-            [1.0, 0.0, 0.5, 0.75],
-            [NAN, 1.0, 0.25, 0.5],
-        ]
-    )
-    assert meta_nash(win_rates) == pytest.approx([0.0, 0.2, 0.4, 0.4], abs=1e-9)
-
-
-@pytest.mark.parametrize("win_rates", [np.array([[0.5, 1.5], [-0.5, 0.5]]), np.ones((2, 3)) / 2])
-def test_meta_nash_rejects_malformed_win_rates(win_rates):
-    with pytest.raises(ValueError):
-        meta_nash(win_rates)
 
 
 def test_a_mixture_of_a_policy_with_itself_is_that_policy():
