@@ -166,6 +166,13 @@ class Trackers:
             tracker.close()
 
 
+TRACKER_NAMES = {"wandb": "Weights & Biases", "mlflow": "MLflow"}
+TRACKER_FIXES = {
+    "wandb": "Log in (`wandb login`), set logging.wandb.mode=offline, or unset logging.wandb.project.",
+    "mlflow": "Check logging.mlflow.tracking_uri (a server's URL, or a sqlite:/// or file:// store), or unset it.",
+}
+
+
 def open_trackers(config: TrainConfig, step: int, resume: bool) -> Trackers:
     """The trackers `config.logging` asks for, from `step` on. A resumed run logs to the W&B and
     MLflow runs it logged to before, from the step after the last one they got. Raises
@@ -184,7 +191,13 @@ def open_trackers(config: TrainConfig, step: int, resume: bool) -> Trackers:
             module = modules.get(name)
             if module is not None:
                 run_id = trackers.run_ids.get(name)
-                tracker = kind(module, section, files, config, run_id, trackers.logged_through + 1 if run_id else 0)
+                try:
+                    tracker = kind(module, section, files, config, run_id, trackers.logged_through + 1 if run_id else 0)
+                except Exception as err:  # the service refused the settings or the login: the user's to fix
+                    said = " ".join(str(err).split()).rstrip(".")
+                    raise UserError(
+                        f"{TRACKER_NAMES[name]} could not start this run's log: {said}. {TRACKER_FIXES[name]}"
+                    ) from None
                 trackers.trackers.append(tracker)
                 trackers.run_ids[name] = tracker.id
     except BaseException:

@@ -206,6 +206,29 @@ def test_a_tracker_that_is_not_installed_is_one_error_naming_the_extra_before_th
     assert not (tmp_path / "run").exists()  # refused before the model loads or the run directory is made
 
 
+def test_a_tracker_that_refuses_its_settings_is_one_error_naming_the_fix(tmp_path, monkeypatch):
+    """W&B online without a login, and an MLflow store of no known kind: what the service says,
+    in one line, with what to change."""
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc: no W&B login
+    for variable in ("WANDB_API_KEY", "WANDB_MODE"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
+    for setting, fix in (
+        (
+            "logging.wandb.project=p",
+            r"No API key configured.*\. Log in \(`wandb login`\), set logging.wandb.mode=offline",
+        ),
+        (
+            "logging.mlflow.tracking_uri=nosuch://x",
+            r"unsupported URI 'nosuch://x'.*\. Check logging.mlflow.tracking_uri",
+        ),
+    ):
+        config = load_config(None, [f"run_dir={tmp_path / 'run'}", setting])
+        with pytest.raises(UserError, match=fix) as refused:
+            open_trackers(config, 0, resume=False)
+        assert "\n" not in str(refused.value) and ".." not in str(refused.value)
+
+
 def test_wandb_and_mlflow_settings_without_their_tracker_are_refused():
     with pytest.raises(UserError, match="logging.wandb.entity and logging.wandb.mode need logging.wandb.project"):
         load_config(None, ["logging.wandb.mode=offline"])
