@@ -62,10 +62,10 @@ def train(tiny_model_dir, run_dir, overrides=(), after_submit=None, resume=False
     steps = []
     record = trainer._league_step
 
-    def recorded(trajectories, versions):
+    def recorded(trajectories, versions, *rest):
         ordered = sorted(trajectories, key=lambda t: (t.result.owner, t.result.seed, t.result.game, t.result.players))
         steps.append(pickle.dumps(ordered))
-        return record(trajectories, versions)
+        return record(trajectories, versions, *rest)
 
     trainer._league_step = recorded
     if after_submit is not None:
