@@ -104,11 +104,13 @@ def same_figures(tracker: dict[int, dict[str, float]], tensorboard: dict[int, di
 @pytest.fixture
 def offline_wandb(tmp_path, monkeypatch):
     """W&B offline, its settings, cache and data under the test's directory."""
-    pytest.importorskip("wandb")
+    wandb = pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
     for variable in ("WANDB_DIR", "WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
         monkeypatch.setenv(variable, str(tmp_path / "wandb-home"))
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    yield
+    wandb.teardown()  # W&B keeps its settings (offline mode) process-wide until torn down
 
 
 @pytest.mark.slow
@@ -213,6 +215,7 @@ def test_a_tracker_that_refuses_its_settings_is_one_error_naming_the_fix(tmp_pat
     for variable in ("WANDB_API_KEY", "WANDB_MODE"):
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
+    pytest.importorskip("wandb").teardown()  # settings an earlier W&B run in this process left
     for setting, fix in (
         (
             "logging.wandb.project=p",
