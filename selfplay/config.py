@@ -240,8 +240,12 @@ class LeagueConfig:
     snapshot_max_steps: int = 50  # a snapshot at least this often; 0 for no cap
     population_cap: int = 32  # active snapshots at most; 0 for no cap
     payoff_decay: Fraction = 0.99  # per result between two players (AlphaStar's decayed counts)
-    # psro:SOLVER rules: the games each pair of past players plays (as evaluation games, trained on
-    # by no one) before a new one joins the meta-game they solve (selfplay/league/meta_game.py).
+    # psro:SOLVER rules: where the meta-game's payoffs come from (selfplay/league/meta_game.py).
+    # games: each pair of past players plays psro_min_games games (evaluation games, trained on by
+    # no one) before a new one joins; exact: each pair's expected return, computed from their move
+    # probabilities at every information state (games with an OpenSpiel twin: kuhn_poker,
+    # leduc_holdem, ...), every snapshot joining at once and no game played to measure it.
+    psro_payoffs: Literal["games", "exact"] = "games"
     psro_min_games: AtLeastOne = 256
 
     def __post_init__(self):
@@ -254,6 +258,11 @@ class LeagueConfig:
             raise UserError(
                 "league.exploiter_stop=exact scores exploiters against model snapshots only, but league.scripted or "
                 "league.role_opponents seats other players: use league.exploiter_stop=plateau, or drop them."
+            )
+        if self.psro_payoffs == "exact" and self.scripted:
+            raise UserError(
+                "league.psro_payoffs=exact reads every past player's move probabilities from its model, but "
+                f"league.scripted adds {', '.join(self.scripted)}: drop them, or set league.psro_payoffs=games."
             )
         learning_players = 1 + self.main_exploiters + self.league_exploiters
         if self.enabled and 0 < self.population_cap < learning_players:

@@ -57,7 +57,7 @@ from selfplay.evaluation.exploitability import (
     policy_exploitability,
 )
 from selfplay.evaluation.game_kinds import primary_figures
-from selfplay.evaluation.meta_strategy import mixture_probabilities
+from selfplay.evaluation.meta_strategy import expected_payoffs, mixture_probabilities
 from selfplay.evaluation.scoreboard import game_outcome, truncation_warning
 from selfplay.evaluation.training_curve import (
     Evaluation,
@@ -140,6 +140,8 @@ def validate(config: TrainConfig) -> None:
             )
     if config.league.enabled and config.league.exploiter_stop == "exact":
         check_exact_stopping(config)
+    if config.league.enabled and config.league.psro_payoffs == "exact":
+        check_exact_payoffs(config)
     if config.rollout.decoding == "legal":
         free_text = [game for game in config.games if not make_game(game).lists_every_move]
         if free_text:
@@ -177,6 +179,19 @@ def check_exact_stopping(config: TrainConfig) -> None:
                 f"league.exploiter_stop=exact scores exploiters against model snapshots, but '{key}' names "
                 f"{', '.join(fixed)}: drop them, or {plateau}."
             )
+
+
+def check_exact_payoffs(config: TrainConfig) -> None:
+    """That `league.psro_payoffs=exact` can compute every game's meta-game: each has an OpenSpiel
+    twin small enough to probe at every information state."""
+    for game in config.games:
+        try:
+            information_states(game)
+        except UserError as err:
+            raise UserError(
+                f"league.psro_payoffs=exact computes the meta-game's payoffs from every move probability: {err} "
+                "Else set league.psro_payoffs=games."
+            ) from None
 
 
 def check_device(device: str | None) -> None:
@@ -472,7 +487,8 @@ class Trainer:
         store.rollback_to(self.step)
         if not store.players():
             store.add_players(initial_players(self.config))
-        league = League(self.config, store)
+        exact = self._exact_return if self.config.league.psro_payoffs == "exact" else None
+        league = League(self.config, store, exact_return=exact)
         for player in league.learning_players():
             if player.name != MAIN:
                 saved = exploiter_checkpoint(checkpoint, player.name) if checkpoint is not None else None
@@ -799,6 +815,11 @@ class Trainer:
             mixture = mixture_probabilities(game, policies, list(target.values()))
             checks[player.name] = exact_check(game, exploiter, mixture)
         return checks
+
+    def _exact_return(self, game: str, player: str, opponent: str) -> float:
+        """A past player's exact expected return against another in `game`, averaged over the seats."""
+        policies = [self._snapshot_policy(name, game) for name in (player, opponent)]
+        return float(expected_payoffs(game, policies)[0, 1])
 
     def _snapshot_policy(self, name: str, game: str) -> dict:
         """A snapshot's move probabilities in `game`, read as its backend plays (snapshots never change)."""

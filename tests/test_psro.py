@@ -139,6 +139,38 @@ def test_the_main_player_meets_the_solved_mixture_and_unmet_pairs_get_evaluation
     league.close()
 
 
+def test_exact_payoffs_fill_the_meta_game_at_once_and_ask_each_ordered_pair_once(tmp_path):
+    beats = {("p", "r"), ("s", "p"), ("r", "s"), ("x", "r"), ("x", "p"), ("x", "s")}
+    asked = []
+
+    def exact_return(game: str, player: str, opponent: str) -> float:
+        asked.append((game, player, opponent))
+        return 1.0 if (player, opponent) in beats else -1.0
+
+    league = _league(tmp_path, "league.psro_payoffs=exact")
+    league.exact_return = exact_return
+    # No game between snapshots has been played, and none is scheduled to measure them.
+    assert league.meta_strategy("nash", KUHN) == pytest.approx({"r": 1 / 3, "p": 1 / 3, "s": 1 / 3})
+    assert sorted(asked) == sorted((KUHN, a, b) for a in "rps" for b in "rps" if a != b)
+    assert [m for m in league.schedule(1) if m.owner is None] == []
+    # A new snapshot joins at once; only its own pairs are computed.
+    league.players["x"] = _snapshot("x")
+    assert league.meta_strategy("nash", KUHN) == pytest.approx({"x": 1.0})
+    assert len(asked) == 6 + 6
+    metrics = league.metrics(league.record_step(2, [], {}, lambda learner, name: ""))
+    assert metrics["league/meta/kuhn_poker/members"] == 4
+    assert "league/meta/kuhn_poker/max_stderr" not in metrics  # exact entries have no sampling error
+    league.close()
+
+
+def test_exact_payoffs_need_model_players_and_a_game_probed_at_every_information_state(tiny_model_dir, tmp_path):
+    base = [f"model={tiny_model_dir}", "league.enabled=true", f"run_dir={tmp_path}", "opponents={psro:nash: 1}"]
+    with pytest.raises(UserError, match="league.scripted adds random: drop them, or set league.psro_payoffs=games"):
+        load_config(None, [*base, "league.psro_payoffs=exact", "league.scripted=[random]"])
+    with pytest.raises(UserError, match="'tictactoe' has more than 5000 information states.*psro_payoffs=games"):
+        Trainer(load_config(None, [*base, "league.psro_payoffs=exact", "games={tictactoe: 1}"]), progress=False)
+
+
 def test_psro_rules_name_a_known_solver_two_player_games_and_the_main_player(tiny_model_dir, tmp_path):
     base = [f"model={tiny_model_dir}", "league.enabled=true", f"run_dir={tmp_path}"]
     with pytest.raises(UserError, match="psro:nash, psro:prd, psro:alpharank"):
@@ -186,3 +218,28 @@ def test_a_tiny_psro_league_trains_the_main_player_against_its_meta_strategy(tin
     assert sum(value for tag, value in metrics.items() if tag.startswith("league/meta/kuhn_poker/alpharank/")) == (
         pytest.approx(1.0)
     )
+
+
+@pytest.mark.slow
+def test_a_psro_league_on_exact_payoffs_plays_no_evaluation_games(tiny_model_dir, tmp_path):
+    overrides = [
+        "steps=2",
+        f"games={{{KUHN}: 1}}",
+        "opponents={psro:nash: 1}",
+        "rollout.games_per_step=4",
+        "rollout.max_new_tokens=4",
+        "rollout.decoding=legal",
+        "league.enabled=true",
+        "league.snapshot_every=1",
+        "league.psro_payoffs=exact",
+        f"model={tiny_model_dir}",
+        f"run_dir={tmp_path}",
+    ]
+    metrics = train_command(None, overrides, resume=None, progress=False)
+    with LeagueStore(RunDir(tmp_path).league_store) as store:
+        matches = store.matches()
+    assert matches and all("main" in m.players for m in matches)  # every game trained the main player
+    assert {p for m in matches if m.step == 2 for p in m.players} <= {"main", "main@000000", "main@000001"}
+    assert metrics["league/meta/kuhn_poker/members"] == 3
+    weights = [value for tag, value in metrics.items() if tag.startswith("league/meta/kuhn_poker/nash/")]
+    assert len(weights) == 3 and sum(weights) == pytest.approx(1.0)

@@ -86,12 +86,19 @@ def roles_of(game: str) -> tuple[str, ...]:
     return tuple(env.role(agent) for agent in env.possible_agents)
 
 
+# (game, player, opponent) -> the player's expected return against the opponent, averaged over the seats.
+ExactReturn = Callable[[str, str, str], float]
+
+
 class League:
-    def __init__(self, config: TrainConfig, store: LeagueStore | None = None):
+    def __init__(self, config: TrainConfig, store: LeagueStore | None = None, exact_return: ExactReturn | None = None):
         """The league that `store` holds; without a store, the league of one of a run without
-        `league.enabled` (see the module's docstring)."""
+        `league.enabled` (see the module's docstring). Under `league.psro_payoffs=exact`,
+        `exact_return` computes the meta-game's entries."""
         self.config = config
         self.store = store
+        self.exact_return = exact_return
+        self.exact_returns: dict[tuple[str, str, str], float] = {}  # exact_return's answers: snapshots never change
         self.payoff = PayoffTable(config.league.payoff_decay)
         self.ratings = OnlineRatings()
         self.players: dict[str, LeaguePlayer] = {}
@@ -341,7 +348,7 @@ class League:
         players = self.past_players()
         if not players:
             return {}
-        means, _, games = self.payoff.return_matrix(players, game)
+        means, games = self._meta_game(players, game)
         key = repr(players).encode() + means.tobytes()
         solved = self.meta_solutions.get((solver, game))
         if solved is None or solved[0] != key:
@@ -349,6 +356,23 @@ class League:
             solved = key, {name: float(weight) for name, weight in zip(players, weights) if weight > 0}
             self.meta_solutions[solver, game] = solved
         return solved[1]
+
+    def _meta_game(self, players: list[str], game: str) -> tuple[np.ndarray, np.ndarray]:
+        """(mean returns, games played) between `players`, row against column: from the payoff
+        table, or under `league.psro_payoffs=exact` their exact expected returns, every pair
+        counted as having played enough games to join."""
+        if self.config.league.psro_payoffs == "games":
+            means, _, games = self.payoff.return_matrix(players, game)
+            return means, games
+        means = np.zeros((len(players), len(players)))
+        for i, player in enumerate(players):
+            for j, opponent in enumerate(players):
+                if i != j:
+                    key = (game, player, opponent)
+                    if key not in self.exact_returns:
+                        self.exact_returns[key] = self.exact_return(*key)
+                    means[i, j] = self.exact_returns[key]
+        return means, np.full_like(means, self.config.league.psro_min_games)
 
     def meta_solvers(self) -> list[str]:
         """The meta-solvers the learning players' mixes name (`psro:SOLVER`)."""
@@ -359,7 +383,7 @@ class League:
     def _evaluation_matches(self, step: int) -> list[MatchSpec]:
         """The games that bring every pair of past players to `league.psro_min_games` games in each
         game of the run, where a mix names a psro rule."""
-        if self.store is None or not self.meta_solvers():
+        if self.store is None or not self.meta_solvers() or self.config.league.psro_payoffs == "exact":
             return []
         rng = np.random.default_rng([self.config.seed, step, EVALUATION_STREAM])
         players = self.past_players()
@@ -376,9 +400,9 @@ class League:
         players = self.past_players()
         for game in self.config.games if self.meta_solvers() and players else ():
             _, errors, games = self.payoff.return_matrix(players, game)
-            joined = members(games, self.config.league.psro_min_games)
+            joined = members(self._meta_game(players, game)[1], self.config.league.psro_min_games)
             metrics[f"league/meta/{game}/members"] = float(len(joined))
-            if len(joined) > 1:
+            if len(joined) > 1 and self.config.league.psro_payoffs == "games":
                 metrics[f"league/meta/{game}/max_stderr"] = float(np.nanmax(errors[np.ix_(joined, joined)]))
             for solver in self.meta_solvers():
                 mixture = self.meta_strategy(solver, game)
