@@ -115,10 +115,11 @@ def validate(config: TrainConfig) -> None:
                     f"'{key}' names '{rule}', whose meta-game is between two players, but {', '.join(not_two_player)} "
                     "seat more or fewer: train two-player games, or use pfsp or uniform."
                 )
-            if is_psro(rule) and key.endswith("exploiter_opponents"):
+            if is_psro(rule) and key.endswith("exploiter_opponents") and config.league.psro_payoffs != "exact":
                 raise UserError(
                     f"'{key}' names '{rule}', but an exploiter hunts a target that stays put while it trains, and "
-                    "the meta-strategy moves as the population grows: give psro rules to the main player (opponents)."
+                    "a meta-strategy from games moves as evaluation games fill its entries: set "
+                    "league.psro_payoffs=exact, or give psro rules to the main player (opponents) alone."
                 )
             if is_fixed(rule):
                 fixed.append(rule)

@@ -163,6 +163,33 @@ def test_exact_payoffs_fill_the_meta_game_at_once_and_ask_each_ordered_pair_once
     league.close()
 
 
+def test_an_exploiter_with_a_psro_rule_hunts_the_meta_strategy_of_the_population_at_its_restart(tmp_path):
+    beats = {("p", "r"), ("s", "p"), ("r", "s"), ("x", "r"), ("x", "p"), ("x", "s")}
+    league = _league(
+        tmp_path,
+        "league.psro_payoffs=exact",
+        "league.league_exploiters=1",
+        "league.league_exploiter_opponents={psro:nash: 1}",
+        "league.exploiter_lora_rank=0",
+    )
+    league.exact_return = lambda game, player, opponent: 1.0 if (player, opponent) in beats else -1.0
+    exploiter = LeaguePlayer("league_exploiter_0", "league_exploiter", 0)
+    league.players[exploiter.name] = exploiter
+    # A snapshot taken after the exploiter started: the main player's meta-strategy is all on it,
+    # the exploiter's target stays rock-paper-scissors.
+    league.players["x"] = LeaguePlayer("x", "snapshot", 5, parent="main", weights="x.safetensors")
+    assert league.meta_strategy("nash", KUHN) == pytest.approx({"x": 1.0})
+    assert league.target_weights(exploiter, KUHN) == pytest.approx({"r": 1 / 3, "p": 1 / 3, "s": 1 / 3})
+    scheduled = league.schedule(6)
+    met = {
+        owner: [next(p for p in m.players if p != owner) for m in scheduled if m.owner == owner]
+        for owner in ("main", exploiter.name)
+    }
+    assert set(met["main"]) == {"x"}
+    assert [met[exploiter.name].count(name) / 512 for name in "rps"] == pytest.approx([1 / 3] * 3, abs=0.06)
+    league.close()
+
+
 def test_exact_payoffs_need_model_players_and_a_game_probed_at_every_information_state(tiny_model_dir, tmp_path):
     base = [f"model={tiny_model_dir}", "league.enabled=true", f"run_dir={tmp_path}", "opponents={psro:nash: 1}"]
     with pytest.raises(UserError, match="league.scripted adds random: drop them, or set league.psro_payoffs=games"):
@@ -177,8 +204,8 @@ def test_psro_rules_name_a_known_solver_two_player_games_and_the_main_player(tin
         Trainer(load_config(None, [*base, "opponents={psro:fictitious: 1}"]), progress=False)
     with pytest.raises(UserError, match="proposer_solver seat more or fewer"):
         Trainer(load_config(None, [*base, "opponents={psro: 1}", "games={proposer_solver: 1}"]), progress=False)
-    with pytest.raises(UserError, match="give psro rules to the main player"):
-        overrides = [*base, "league.main_exploiters=1", "league.main_exploiter_opponents={psro:prd: 1}"]
+    overrides = [*base, "league.main_exploiters=1", "league.main_exploiter_opponents={psro:prd: 1}"]
+    with pytest.raises(UserError, match="set league.psro_payoffs=exact, or give psro rules to the main player"):
         Trainer(load_config(None, overrides), progress=False)
 
 

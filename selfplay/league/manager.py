@@ -102,8 +102,8 @@ class League:
         self.payoff = PayoffTable(config.league.payoff_decay)
         self.ratings = OnlineRatings()
         self.players: dict[str, LeaguePlayer] = {}
-        # (solver, game) -> the past players and their mean returns when last solved, and the mixture.
-        self.meta_solutions: dict[tuple[str, str], tuple[bytes, dict[str, float]]] = {}
+        # (solver, game, players) -> their mean returns when last solved, and the mixture.
+        self.meta_solutions: dict[tuple[str, str, tuple[str, ...]], tuple[bytes, dict[str, float]]] = {}
         # Each exploiter's results against its target since it (re)started, in the order played.
         self.target_scores: dict[str, list[float]] = defaultdict(list)
         # Replay the store: each step's matches, then the snapshots taken after them.
@@ -150,8 +150,9 @@ class League:
         return max(mains, key=lambda p: p.created_step).name
 
     def pool(self, player: LeaguePlayer) -> list[str]:
-        """The past players `player`'s `uniform` and `pfsp` rules draw from: for an exploiter,
-        those of the population when it (re)started that are still active."""
+        """The past players `player`'s `uniform`, `pfsp` and `psro` rules draw from: for an
+        exploiter, those of the population when it (re)started that are still active (so a psro
+        rule makes it PSRO's best-response oracle, hunting that population's meta-strategy)."""
         if not self.is_exploiter(player.name):
             return self.past_players()
         start = self.last_snapshot_step(player.name)
@@ -197,13 +198,16 @@ class League:
             elif pool:
                 if rule == UNIFORM:
                     drawn = np.full(len(pool), 1 / len(pool))
+                elif is_psro(rule):
+                    mixture = self.meta_strategy(psro_solver(rule), game or next(iter(self.config.games)), pool)
+                    drawn = [mixture.get(name, 0.0) for name in pool]
                 else:
                     rates = [self._win_rate(player.name, name, game) for name in pool]
                     drawn = pfsp_probabilities(rates, pfsp_weighting(rule))
                 for name, probability in zip(pool, drawn):
                     weights[name] += weight * float(probability)
         total = sum(weights.values())
-        return {name: weight / total for name, weight in weights.items()}
+        return {name: weight / total for name, weight in weights.items() if weight > 0}
 
     def last_snapshot_step(self, learner: str) -> int:
         """The step of `learner`'s latest snapshot (0 if none): where an exploiter restarted."""
@@ -220,6 +224,7 @@ class League:
         scheduled = []
         meta_strategy = functools.cache(self.meta_strategy)
         for index, player in enumerate(self.learning_players()):
+            pool = tuple(self.pool(player))
             # The main player's draws do not depend on how many exploiters there are.
             rng = np.random.default_rng([config.seed, step] if index == 0 else [config.seed, step, index])
             scheduled += schedule_matches(
@@ -231,9 +236,9 @@ class League:
                 starts,
                 config.advantages.group_size,
                 main=self.hunted_main(player),
-                past_players=self.pool(player),
+                past_players=pool,
                 win_rate=functools.partial(self._win_rate, player.name),
-                meta_strategy=meta_strategy,
+                meta_strategy=functools.partial(meta_strategy, players=pool),
                 role_mixes=config.league.role_opponents,
             )
         return scheduled + self._evaluation_matches(step)
@@ -341,20 +346,21 @@ class League:
 
     # -- the PSRO meta-game --------------------------------------------------------------------
 
-    def meta_strategy(self, solver: str, game: str) -> dict[str, float]:
-        """The mixture over the past players that meta-solver `solver` gives the meta-game of
-        `game` (selfplay/league/meta_game.py), by name, players of no weight left out; solved
-        again whenever a player joins or leaves it or a game changes its mean returns."""
-        players = self.past_players()
+    def meta_strategy(self, solver: str, game: str, players: Sequence[str] | None = None) -> dict[str, float]:
+        """The mixture over `players` (by default every past player) that meta-solver `solver`
+        gives the meta-game of `game` (selfplay/league/meta_game.py), by name, players of no
+        weight left out; solved again whenever a player joins or leaves it or a game changes its
+        mean returns."""
+        players = list(self.past_players() if players is None else players)
         if not players:
             return {}
         means, games = self._meta_game(players, game)
-        key = repr(players).encode() + means.tobytes()
-        solved = self.meta_solutions.get((solver, game))
+        key = means.tobytes()
+        solved = self.meta_solutions.get((solver, game, tuple(players)))
         if solved is None or solved[0] != key:
             weights = solve_meta_game(solver, means, games, self.config.league.psro_min_games)
             solved = key, {name: float(weight) for name, weight in zip(players, weights) if weight > 0}
-            self.meta_solutions[solver, game] = solved
+            self.meta_solutions[solver, game, tuple(players)] = solved
         return solved[1]
 
     def _meta_game(self, players: list[str], game: str) -> tuple[np.ndarray, np.ndarray]:

@@ -12,7 +12,9 @@ A learning player's opponents come from a mix of rules, each drawn by its weight
 - `psro:SOLVER`: the population's meta-strategy (PSRO), each past player drawn with the
   probability that the meta-solver SOLVER (`nash`, `prd` or `alpharank`; plain `psro` is
   `nash`) gives it in the meta-game of the past players' returns against each other (the
-  league solves it: `selfplay.league.manager.League.meta_strategy`);
+  league solves it: `selfplay.league.manager.League.meta_strategy`); for an exploiter, the
+  meta-strategy of the population as it stood when the exploiter (re)started, which it hunts
+  as PSRO's best-response oracle;
 - anything else is a fixed opponent: a scripted agent spec such as "random" or "mcts:100".
 
 AlphaStar's main agents mix these (35% self, 50% PFSP over all past players, 15% PFSP with
