@@ -1,4 +1,5 @@
-"""What a Kuhn Poker league or PSRO run buys over pure self-play, by games played, all exact (OpenSpiel):
+"""What a Kuhn Poker (or, with --game, Leduc Hold'em) league or PSRO run buys over pure self-play,
+by games played, all exact (OpenSpiel):
 
 - each self-play run: the exploitability of its latest policy at each evaluation (its eval.jsonl);
 - each league run (configs/kuhn_league.yaml, PFSP with exploiters, or configs/kuhn_psro.yaml,
@@ -7,9 +8,10 @@
   meta-game over every snapshot taken so far, solved from their exact payoffs by the run's
   meta-solver (its psro:SOLVER rule; Nash for a PFSP league, as `selfplay league show --meta
   kuhn_poker` solves it); of that mixture over the main player's snapshots alone; for a PSRO
-  run, of the meta-strategy it trained against next, solved from its own empirical payoffs;
-  and the main player's probability of betting a King after a check, where the equilibrium
-  always bets;
+  run, of the meta-strategy it trained against next, solved from its own empirical payoffs
+  (from exact ones under league.psro_payoffs=exact: then the mixture itself); and in Kuhn Poker
+  the main player's probability of betting a King after a check, where the equilibrium always
+  bets;
 - what each exploiter found when it was frozen: its expected value against its target beside a
   best response's, as the run logged them (RUN_DIR/exploiters.jsonl under the exact stopping
   rule), else computed here from the snapshots against the target the log names, or, for a run
@@ -21,7 +23,7 @@ between snapshots. The recipes retire no snapshot, so the population at a step i
 snapshot taken by then.
 
     python experiments/kuhn_league.py --league runs/kuhn_league_s0 ... --self-play runs/kuhn_sp_s0 ... \
-        [--out DIR]
+        [--out DIR] [--game leduc_holdem]
 
 Prints one table per league run and a final comparison, the runs paired by seed in the order
 given; writes `league_curves.png` (and `league_curves.json`) into each league run directory
@@ -53,7 +55,7 @@ from selfplay.league.standings import open_league  # noqa: E402
 from selfplay.rollouts import RolloutSettings  # noqa: E402
 from selfplay.run_dir import RunDir  # noqa: E402
 
-GAME = "kuhn_poker"
+KUHN = "kuhn_poker"
 KING_AFTER_CHECK = "2p"  # the second player's information state holding a King after a check
 BET = 1  # OpenSpiel's Kuhn Poker actions: 0 pass, 1 bet
 
@@ -73,16 +75,16 @@ def psro_solvers(config: TrainConfig) -> list[str]:
     return [psro_solver(rule) for rule, weight in config.opponents.items() if weight > 0 and is_psro(rule)]
 
 
-def self_play_curve(run_dir: Path) -> list[tuple[int, float]]:
+def self_play_curve(run_dir: Path, game: str) -> list[tuple[int, float]]:
     """(games played, exploitability of the latest policy) at each of the run's evaluations."""
     per_step = games_per_step(saved_config(run_dir))
     return [
-        (e.step * per_step, e.figures[f"eval/{GAME}/exploitability"])
+        (e.step * per_step, e.figures[f"eval/{game}/exploitability"])
         for e in read_evaluations(RunDir(run_dir).eval_log)
     ]
 
 
-def league_curve(run_dir: Path) -> tuple[list[dict], list[dict]]:
+def league_curve(run_dir: Path, game: str) -> tuple[list[dict], list[dict]]:
     """Rows for each step where the main player was frozen, and for each exploiter snapshot
     (see the module's docstring)."""
     config = saved_config(run_dir)
@@ -100,7 +102,7 @@ def league_curve(run_dir: Path) -> tuple[list[dict], list[dict]]:
     for snapshot in snapshots:
         (candidate,) = find_candidates([str(run_dir / snapshot.weights)])
         model, tokenizer = candidate.network()
-        policies[snapshot.name] = move_probabilities(model, tokenizer, GAME, asked)
+        policies[snapshot.name] = move_probabilities(model, tokenizer, game, asked)
 
     def population(step: int, mains_only: bool = False) -> list[str]:
         return [s.name for s in snapshots if s.created_step <= step and (s.parent == MAIN or not mains_only)]
@@ -109,20 +111,22 @@ def league_curve(run_dir: Path) -> tuple[list[dict], list[dict]]:
         """The run's meta-solver's mixture over every snapshot taken by `step` (or the main
         player's only), from their exact payoffs, and its exploitability."""
         names = population(step, mains_only)
-        meta = meta_strategy(GAME, {name: policies[name] for name in names}, solver)
-        return mixture_probabilities(GAME, [policies[n] for n in names], meta.weights), meta.exploitability
+        meta = meta_strategy(game, {name: policies[name] for name in names}, solver)
+        return mixture_probabilities(game, [policies[n] for n in names], meta.weights), meta.exploitability
 
     def trained_against(step: int) -> float | None:
         """For a PSRO run, the exploitability of the meta-strategy the main player met after
         `step`: the run's meta-solver on its empirical payoffs through `step`."""
         if not solvers:
             return None
+        if config.league.psro_payoffs == "exact":
+            return mixture_at(step)[1]
         names = population(step)
         table = PayoffTable()
         table.extend(m for m in matches if m.step <= step)
-        means, _, games = table.return_matrix(names, GAME)
+        means, _, games = table.return_matrix(names, game)
         weights = solve_meta_game(solver, means, games, config.league.psro_min_games)
-        return exploitability_of(GAME, mixture_probabilities(GAME, [policies[n] for n in names], weights))
+        return exploitability_of(game, mixture_probabilities(game, [policies[n] for n in names], weights))
 
     def games_by(step: int) -> int:
         """Games played through `step`: the learning players' and the evaluation games."""
@@ -138,12 +142,12 @@ def league_curve(run_dir: Path) -> tuple[list[dict], list[dict]]:
                 "step": main.created_step,
                 "games": games_by(main.created_step),
                 "snapshots": len(population(main.created_step)),
-                "main": exploitability_of(GAME, policies[main.name]),
+                "main": exploitability_of(game, policies[main.name]),
                 "mixture": mixture_exploitability,
                 "main_mixture": mixture_at(main.created_step, mains_only=True)[1],
                 "trained_against": trained_against(main.created_step),
-                "main_king_bets_after_check": policies[main.name][KING_AFTER_CHECK][BET],
-                "mixture_king_bets_after_check": mixture[KING_AFTER_CHECK][BET],
+                "main_king_bets_after_check": policies[main.name][KING_AFTER_CHECK][BET] if game == KUHN else None,
+                "mixture_king_bets_after_check": mixture[KING_AFTER_CHECK][BET] if game == KUHN else None,
             }
         )
     logged = {record["snapshot"]: record for record in read_stops(RunDir(run_dir).exploiter_log)}
@@ -152,9 +156,9 @@ def league_curve(run_dir: Path) -> tuple[list[dict], list[dict]]:
         step = exploiter.created_step
         record = logged.get(exploiter.name, {})
         target = record.get("target") or {[m for m in mains if m.created_step <= step][-1].name: 1.0}
-        target_policy = mixture_probabilities(GAME, [policies[n] for n in target], list(target.values()))
+        target_policy = mixture_probabilities(game, [policies[n] for n in target], list(target.values()))
         mixture, mixture_exploitability = mixture_at(step - 1)  # the population before it
-        values = expected_payoffs(GAME, [policies[exploiter.name], target_policy, mixture])
+        values = expected_payoffs(game, [policies[exploiter.name], target_policy, mixture])
         logged_values = record.get("value") is not None
         found.append(
             {
@@ -165,7 +169,7 @@ def league_curve(run_dir: Path) -> tuple[list[dict], list[dict]]:
                 "vs_target": record["value"] if logged_values else values[0, 1],
                 "best_vs_target": record["best_response_value"]
                 if logged_values
-                else exploitability_of(GAME, target_policy),
+                else exploitability_of(game, target_policy),
                 "vs_mixture": values[0, 2],
                 "best_vs_mixture": mixture_exploitability,
             }
@@ -187,7 +191,7 @@ def print_league(run_dir: Path, rows: list[dict], found: list[dict]) -> None:
         print(
             f"{r['step']} | {r['games']} | {r['snapshots']} | {r['main']:.4f} | {r['mixture']:.4f} | "
             f"{r['main_mixture']:.4f} | {figure(r['trained_against'])} | "
-            f"{r['main_king_bets_after_check']:.2f} | {r['mixture_king_bets_after_check']:.2f}"
+            f"{figure(r['main_king_bets_after_check'], '.2f')} | {figure(r['mixture_king_bets_after_check'], '.2f')}"
         )
     if found:
         print("\nwhat each exploiter won when frozen, beside a best response's winnings (exact, per hand)")
@@ -248,11 +252,12 @@ def main() -> None:
     parser.add_argument("--league", nargs="*", default=[], type=Path, help="league run directories")
     parser.add_argument("--self-play", nargs="*", default=[], type=Path, help="self-play run directories")
     parser.add_argument("--out", type=Path, help="a directory for the plot of every run")
+    parser.add_argument("--game", default=KUHN, help="the game the runs trained (default: kuhn_poker)")
     args = parser.parse_args()
-    self_play = {str(run): self_play_curve(run) for run in args.self_play}
+    self_play = {str(run): self_play_curve(run, args.game) for run in args.self_play}
     leagues = {}
     for run in args.league:
-        rows, found = league_curve(run)
+        rows, found = league_curve(run, args.game)
         leagues[str(run)] = rows, found
         print_league(run, rows, found)
         (run / "league_curves.json").write_text(json.dumps({"main": rows, "exploiters": found}, indent=1))
