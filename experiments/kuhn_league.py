@@ -37,6 +37,7 @@ import json
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -44,11 +45,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 from selfplay.config import TrainConfig, load_config  # noqa: E402
 from selfplay.evaluation.evaluate import find_candidates  # noqa: E402
 from selfplay.evaluation.exploitability import exploitability_of, move_probabilities  # noqa: E402
-from selfplay.evaluation.meta_strategy import expected_payoffs, meta_strategy, mixture_probabilities  # noqa: E402
+from selfplay.evaluation.meta_strategy import expected_payoffs, mixture_probabilities  # noqa: E402
 from selfplay.evaluation.training_curve import read_evaluations  # noqa: E402
 from selfplay.league.exploiter_log import read_stops  # noqa: E402
 from selfplay.league.matchmaking import MAIN, is_psro, psro_solver  # noqa: E402
 from selfplay.league.meta_game import solve_meta_game  # noqa: E402
+from selfplay.league.meta_solvers import solve  # noqa: E402
 from selfplay.league.payoff import PayoffTable  # noqa: E402
 from selfplay.league.records import LEARNING_KINDS  # noqa: E402
 from selfplay.league.standings import open_league  # noqa: E402
@@ -104,15 +106,21 @@ def league_curve(run_dir: Path, game: str) -> tuple[list[dict], list[dict]]:
         model, tokenizer = candidate.network()
         policies[snapshot.name] = move_probabilities(model, tokenizer, game, asked)
 
+    # Every pair's exact payoff, once: each mixture below solves a corner of it.
+    names = [s.name for s in snapshots]
+    payoffs = expected_payoffs(game, [policies[name] for name in names])
+
     def population(step: int, mains_only: bool = False) -> list[str]:
         return [s.name for s in snapshots if s.created_step <= step and (s.parent == MAIN or not mains_only)]
 
     def mixture_at(step: int, mains_only: bool = False) -> tuple[dict, float]:
         """The run's meta-solver's mixture over every snapshot taken by `step` (or the main
         player's only), from their exact payoffs, and its exploitability."""
-        names = population(step, mains_only)
-        meta = meta_strategy(game, {name: policies[name] for name in names}, solver)
-        return mixture_probabilities(game, [policies[n] for n in names], meta.weights), meta.exploitability
+        members = population(step, mains_only)
+        rows = [names.index(name) for name in members]
+        weights = solve(solver, payoffs[np.ix_(rows, rows)])
+        mixture = mixture_probabilities(game, [policies[n] for n in members], weights)
+        return mixture, exploitability_of(game, mixture)
 
     def trained_against(step: int) -> float | None:
         """For a PSRO run, the exploitability of the meta-strategy the main player met after
