@@ -231,25 +231,27 @@ def print_final(self_play: dict[str, list], leagues: dict[str, tuple[list[dict],
         print(f"self-play {name}: latest {curve[-1][1]:.4f} after {curve[-1][0]} games")
 
 
-def plot(ax, self_play: dict[str, list], leagues: dict[str, list[dict]]) -> None:
+def plot(ax, self_play: dict[str, list], leagues: dict[str, list[dict]], game: str) -> None:
     for name, curve in self_play.items():
         ax.plot(*zip(*curve), color="tab:blue", alpha=0.7, label=f"self-play, latest ({name})")
     for name, rows in leagues.items():
         games = [r["games"] for r in rows]
         ax.plot(games, [r["main"] for r in rows], color="tab:orange", alpha=0.7, label=f"league, main ({name})")
         ax.plot(games, [r["mixture"] for r in rows], color="tab:green", alpha=0.9, label=f"league, mixture ({name})")
-        if rows and rows[0]["trained_against"] is not None:
+        # Under exact payoffs the meta-strategy met is the mixture: one line for both.
+        if any(r["trained_against"] not in (None, r["mixture"]) for r in rows):
             trained = [r["trained_against"] for r in rows]
             ax.plot(games, trained, color="tab:purple", alpha=0.9, label=f"PSRO, meta-strategy met ({name})")
-    ax.axhline(0.05, color="grey", linestyle=":", linewidth=1)
+    if game == KUHN:
+        ax.axhline(0.05, color="grey", linestyle=":", linewidth=1)  # the goal of issue 63
     ax.set_xlabel("games played (all learning players, and PSRO's evaluation games)")
     ax.set_ylabel("exploitability (exact)")
     ax.legend(fontsize=6)
 
 
-def save_plot(path: Path, self_play: dict[str, list], leagues: dict[str, list[dict]]) -> None:
+def save_plot(path: Path, self_play: dict[str, list], leagues: dict[str, list[dict]], game: str) -> None:
     figure, ax = plt.subplots(figsize=(8, 5))
-    plot(ax, self_play, leagues)
+    plot(ax, self_play, leagues, game)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
@@ -269,11 +271,12 @@ def main() -> None:
         leagues[str(run)] = rows, found
         print_league(run, rows, found)
         (run / "league_curves.json").write_text(json.dumps({"main": rows, "exploiters": found}, indent=1))
-        save_plot(run / "league_curves.png", self_play, {str(run): rows})
+        save_plot(run / "league_curves.png", self_play, {str(run): rows}, args.game)
     print_final(self_play, leagues)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        save_plot(args.out / "league_curves.png", self_play, {name: rows for name, (rows, _) in leagues.items()})
+        curves = {name: rows for name, (rows, _) in leagues.items()}
+        save_plot(args.out / "league_curves.png", self_play, curves, args.game)
 
 
 if __name__ == "__main__":
