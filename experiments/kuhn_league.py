@@ -41,6 +41,7 @@ import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from transformers.utils import logging as transformers_logging  # noqa: E402
 
 from selfplay.config import TrainConfig, load_config  # noqa: E402
 from selfplay.evaluation.evaluate import find_candidates  # noqa: E402
@@ -264,6 +265,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="a directory for the plot of every run")
     parser.add_argument("--game", default=KUHN, help="the game the runs trained (default: kuhn_poker)")
     args = parser.parse_args()
+    transformers_logging.disable_progress_bar()  # a "Loading weights" bar for every snapshot
     self_play = {str(run): self_play_curve(run, args.game) for run in args.self_play}
     leagues = {}
     for run in args.league:
