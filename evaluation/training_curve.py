@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from selfplay.files import append_text, replace_text
+from selfplay.files import append_text, read_json_lines, replace_text
 
 
 @dataclass(frozen=True)
@@ -40,12 +40,9 @@ def append_evaluation(path: Path, evaluation: Evaluation) -> None:
 def read_evaluations(path: Path) -> list[Evaluation]:
     """The evaluations logged at `path`, in order; none if it does not exist. A line that is not
     a whole evaluation (the last one of a run killed while writing it) is passed over."""
-    if not path.exists():
-        return []
     evaluations = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+    for record in read_json_lines(path):
         try:
-            record = json.loads(line)
             evaluations.append(
                 Evaluation(
                     int(record["step"]),

@@ -10,6 +10,7 @@ the old file or the new one; a write that fails removes the partial file and rai
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import sqlite3
@@ -90,6 +91,22 @@ def append_text(path: str | Path, text: str, what: str) -> None:
         _write(Path(path), text, "a")
     except OSError as err:
         raise write_failure(what, path, err) from None
+
+
+def read_json_lines(path: str | Path) -> list:
+    """The JSON values of a log written one a line by `append_text`, in order; none if `path` does
+    not exist. A line that is not a whole value (the last one of a run killed while writing it)
+    is passed over."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    values = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            values.append(json.loads(line))
+        except ValueError:
+            continue
+    return values
 
 
 def _write(path: Path, text: str, mode: str) -> None:
