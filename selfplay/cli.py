@@ -162,10 +162,13 @@ def _cmd_league_show(args: argparse.Namespace) -> int:
         _make_output_dir(args.csv, "--csv")
     print(show(args.run_dir, config.league.payoff_decay, args.csv))
     if args.meta:
+        from selfplay.league.matchmaking import is_psro, psro_solver
         from selfplay.league.standings import league_meta_strategy
 
         _quiet_transformers()  # a loading bar per policy would bury the table
-        print("\n" + league_meta_strategy(args.run_dir, args.meta, config.rollout))
+        # A PSRO run's meta-strategy is its own meta-solver's.
+        solvers = [psro_solver(rule) for rule, weight in config.opponents.items() if weight > 0 and is_psro(rule)]
+        print("\n" + league_meta_strategy(args.run_dir, args.meta, config.rollout, (solvers or ["nash"])[0]))
     return 0
 
 
@@ -403,8 +406,9 @@ def build_parser() -> argparse.ArgumentParser:
     league_show.add_argument(
         "--meta",
         metavar="GAME",
-        help="also solve the league's meta-strategy in GAME (kuhn_poker, leduc_holdem): a Nash mixture over the "
-        "active snapshots and main (the latest policy), with its exploitability and theirs",
+        help="also solve the league's meta-strategy in GAME (kuhn_poker, leduc_holdem): the mixture over the active "
+        "snapshots and main (the latest policy) that the run's psro meta-solver gives (Nash for other runs), with "
+        "its exploitability and theirs",
     )
     league_show.set_defaults(run=_cmd_league_show)
 

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from selfplay.cli import main
 from selfplay.config import load_config
 from selfplay.errors import UserError
 from selfplay.league.manager import League
@@ -210,7 +211,7 @@ def test_psro_rules_name_a_known_solver_two_player_games_and_the_main_player(tin
 
 
 @pytest.mark.slow
-def test_a_tiny_psro_league_trains_the_main_player_against_its_meta_strategy(tiny_model_dir, tmp_path):
+def test_a_tiny_psro_league_trains_the_main_player_against_its_meta_strategy(tiny_model_dir, tmp_path, capsys):
     overrides = [
         "steps=3",
         f"games={{{KUHN}: 1}}",
@@ -245,6 +246,10 @@ def test_a_tiny_psro_league_trains_the_main_player_against_its_meta_strategy(tin
     assert sum(value for tag, value in metrics.items() if tag.startswith("league/meta/kuhn_poker/alpharank/")) == (
         pytest.approx(1.0)
     )
+    # `league show --meta` solves the meta-strategy with the run's own meta-solver.
+    assert main(["league", "show", str(tmp_path), "--meta", KUHN]) == 0
+    meta = capsys.readouterr().out.split("Meta-strategy in kuhn_poker: ")[1]
+    assert meta.startswith("the alpha-rank mixture over the active snapshots") and "Nash" not in meta
 
 
 @pytest.mark.slow

@@ -244,12 +244,16 @@ def _csv(path: Path, rows: list[dict]) -> None:
             writer.writerows(rows)
 
 
-def league_meta_strategy(run_dir: str | Path, game: str, rollout: RolloutConfig) -> str:
-    """The meta-strategy report: the Nash mixture over the league's active snapshots and the
-    main player's latest checkpoint (`main`) in `game` (exact payoffs between their policies,
-    each read from the model by the exploitability probe, asked and decoded as the run's
-    `rollout` settings ask and decode it), with the exploitability of the mixture and of each
-    policy alone."""
+# How the report names each meta-solver (`selfplay.league.meta_solvers.SOLVERS`).
+SOLVER_NAMES = {"nash": "Nash", "prd": "projected replicator dynamics", "alpharank": "alpha-rank"}
+
+
+def league_meta_strategy(run_dir: str | Path, game: str, rollout: RolloutConfig, solver: str = "nash") -> str:
+    """The meta-strategy report: the mixture meta-solver `solver` gives over the league's active
+    snapshots and the main player's latest checkpoint (`main`) in `game` (exact payoffs between
+    their policies, each read from the model by the exploitability probe, asked and decoded as
+    the run's `rollout` settings ask and decode it), with the exploitability of the mixture and
+    of each policy alone."""
     from selfplay.evaluation.exploitability import move_probabilities
     from selfplay.evaluation.meta_strategy import meta_strategy
     from selfplay.model_specs import league_player
@@ -260,11 +264,12 @@ def league_meta_strategy(run_dir: str | Path, game: str, rollout: RolloutConfig)
     asked = RolloutSettings.from_config(rollout)
     models = {name: league_player(RunDir(run_dir), name) for name in [*snapshots, MAIN]}
     policies = {name: move_probabilities(*model.network(), game, asked) for name, model in models.items()}
-    meta = meta_strategy(game, policies)
+    meta = meta_strategy(game, policies, solver)
+    mixture = f"{SOLVER_NAMES[solver]} mixture"
     body = [(name, f"{w:.3f}", f"{e:.4f}") for name, w, e in zip(meta.names, meta.weights, meta.exploitabilities)]
-    body.append(("Nash mixture", "", f"{meta.exploitability:.4f}"))
+    body.append((mixture, "", f"{meta.exploitability:.4f}"))
     return (
-        f"Meta-strategy in {game}: a Nash mixture over the active snapshots and {MAIN} (the latest policy, step "
+        f"Meta-strategy in {game}: the {mixture} over the active snapshots and {MAIN} (the latest policy, step "
         f"{models[MAIN].step}), solved from their exact expected payoffs against each other\n"
         + _table(("policy", "weight", "exploitability"), body)
         + f"\n\nExploitability: the mixture {meta.exploitability:.4f}, {MAIN} alone {meta.exploitabilities[-1]:.4f}."
