@@ -210,23 +210,27 @@ def test_psro_rules_name_a_known_solver_two_player_games_and_the_main_player(tin
         Trainer(load_config(None, overrides), progress=False)
 
 
-@pytest.mark.slow
-def test_a_tiny_psro_league_trains_the_main_player_against_its_meta_strategy(tiny_model_dir, tmp_path, capsys):
-    overrides = [
-        "steps=3",
+def _train_tiny_psro_league(tiny_model_dir, tmp_path, *overrides: str) -> tuple[dict, list[LeagueMatch]]:
+    """A tiny Kuhn Poker league run, snapshots every step, with `overrides`: its last metrics and its matches."""
+    base = [
         f"games={{{KUHN}: 1}}",
-        "opponents={psro:alpharank: 1}",
         "rollout.games_per_step=4",
         "rollout.max_new_tokens=4",
         "league.enabled=true",
         "league.snapshot_every=1",
-        "league.psro_min_games=2",
         f"model={tiny_model_dir}",
         f"run_dir={tmp_path}",
     ]
-    metrics = train_command(None, overrides, resume=None, progress=False)
+    metrics = train_command(None, [*base, *overrides], resume=None, progress=False)
     with LeagueStore(RunDir(tmp_path).league_store) as store:
-        matches = store.matches()
+        return metrics, store.matches()
+
+
+@pytest.mark.slow
+def test_a_tiny_psro_league_trains_the_main_player_against_its_meta_strategy(tiny_model_dir, tmp_path, capsys):
+    metrics, matches = _train_tiny_psro_league(
+        tiny_model_dir, tmp_path, "steps=3", "opponents={psro:alpharank: 1}", "league.psro_min_games=2"
+    )
     by_step = {step: [m.players for m in matches if m.step == step] for step in (1, 2, 3)}
     # Step 1: the initial snapshot alone is the meta-game. After it, main@000001 plays it twice
     # (one deal, both seats) before it joins; then main@000002 plays both of them.
@@ -254,22 +258,14 @@ def test_a_tiny_psro_league_trains_the_main_player_against_its_meta_strategy(tin
 
 @pytest.mark.slow
 def test_a_psro_league_on_exact_payoffs_plays_no_evaluation_games(tiny_model_dir, tmp_path):
-    overrides = [
+    metrics, matches = _train_tiny_psro_league(
+        tiny_model_dir,
+        tmp_path,
         "steps=2",
-        f"games={{{KUHN}: 1}}",
         "opponents={psro:nash: 1}",
-        "rollout.games_per_step=4",
-        "rollout.max_new_tokens=4",
         "rollout.decoding=legal",
-        "league.enabled=true",
-        "league.snapshot_every=1",
         "league.psro_payoffs=exact",
-        f"model={tiny_model_dir}",
-        f"run_dir={tmp_path}",
-    ]
-    metrics = train_command(None, overrides, resume=None, progress=False)
-    with LeagueStore(RunDir(tmp_path).league_store) as store:
-        matches = store.matches()
+    )
     assert matches and all("main" in m.players for m in matches)  # every game trained the main player
     assert {p for m in matches if m.step == 2 for p in m.players} <= {"main", "main@000000", "main@000001"}
     assert metrics["league/meta/kuhn_poker/members"] == 3
