@@ -243,6 +243,9 @@ class TextGameEnv(AECEnv):
         self.turns = 0
         self.end_reason: str | None = None
         self._failed_attempts = 0
+        # After a step whose invalid output the player may retry: the penalty it would have ended
+        # the game with, by which the learner scores that attempt (`Turn.retried_penalty`).
+        self.retried_penalty: float | None = None
         self._feedback: str | None = None
         self._legal_moves: list[str] | None = None
         self._agent_selector = AgentSelector(self.agents)
@@ -255,6 +258,7 @@ class TextGameEnv(AECEnv):
             return
         self._cumulative_rewards[agent] = 0.0
         self.rewards = {a: 0.0 for a in self.agents}
+        self.retried_penalty = None
 
         move, reason = self._read_move(action)
         if move is None and self.game.unreadable_move() is not None:
@@ -303,14 +307,15 @@ class TextGameEnv(AECEnv):
 
     def _on_invalid(self, agent: str, action: object, reason: str) -> None:
         self._log_invalid(agent, action, reason)
-        self._failed_attempts += 1
-        if self._failed_attempts <= self.invalid_moves.retries:
-            self._feedback = f"Your previous answer was invalid ({reason}). Try again."
-            return
         policy = self.invalid_moves
         text = _output_text(action) if isinstance(action, str | UnfinishedOutput) else ""
         marked = self.game.answer_format.extract(text) is not None
         penalty = policy.penalty + (policy.format_credit if marked else 0.0)
+        self._failed_attempts += 1
+        if self._failed_attempts <= policy.retries:
+            self._feedback = f"Your previous answer was invalid ({reason}). Try again."
+            self.retried_penalty = penalty
+            return
         self._finish("invalid_move", {a: penalty if a == agent else policy.opponent_reward for a in self.agents})
 
     def _finish(self, reason: str, rewards: dict[str, float], truncated: bool = False) -> None:

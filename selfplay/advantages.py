@@ -4,7 +4,8 @@ Each estimator turns a batch of finished trajectories into one advantage per tur
 learner multiplies into the policy-gradient loss. They differ in the baseline they subtract:
 
 - ``rae``: SPIRAL's role-conditioned advantage estimation, an EMA baseline per (game, role)
-  carried from batch to batch, optionally refined per state where the batch repeats a prompt;
+  carried from batch to batch (read at the batch's start, moved at its end), optionally refined
+  per state where the batch repeats a prompt;
 - ``turn_level``: MARS's per-turn rewards summed forward per player, then normalised per
   (game, role) across the batch;
 - ``grpo`` / ``dr_grpo`` / ``rloo``: group baselines over repeated plays of the same game start;
@@ -19,7 +20,9 @@ last few decisions (completing a line, blocking one) settle most outcomes, and t
 carry the noisiest credit.
 
 The unit an estimator scores is a seat's part of one trajectory: the turns that seat played,
-with the seat's final return ``trajectory.result.rewards[seat]``. A seat with no turns (an
+with the seat's final return ``trajectory.result.rewards[seat]``. An invalid output that the
+game let its player retry (``rollout.retries``) is a unit of its own, scored by the penalty it
+would have ended the game with: the game its retry went on to play is not its doing. A seat with no turns (an
 opponent the caller does not train, whose turns were stripped) touches no baseline or
 statistic. Turns are grouped by ``key(turn)``, by default ``(game, role)``; a seat whose turns
 fall under several keys counts once under each.
@@ -29,6 +32,7 @@ Pure functions of plain data, no torch.
 
 from __future__ import annotations
 
+import math
 import typing
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
@@ -49,12 +53,25 @@ Estimator = Literal["rae", "turn_level", "grpo", "dr_grpo", "rloo", "trr++", "re
 ESTIMATORS: tuple[str, ...] = typing.get_args(Estimator)
 
 
+def _scored_by(trajectory: Trajectory, index: int) -> tuple[tuple[int, ...], float]:
+    """The unit turn `index` is scored in, and that unit's return: its seat's, with the seat's
+    final return; or, for an invalid output the game let its player retry, a unit of its own
+    with the penalty that output would have ended the game with (`Turn.retried_penalty`), so
+    that a retried mistake is never credited with the game its retry went on to win."""
+    turn = trajectory.turns[index]
+    if turn.retried_penalty is None:
+        return (turn.seat,), float(trajectory.result.rewards[turn.seat])
+    return (turn.seat, index), turn.retried_penalty
+
+
 def _parts(trajectory: Trajectory, key: KeyFn) -> list[tuple[Hashable, float, list[int]]]:
-    """(key, seat return, indices of its turns) for each seat and key with turns, in order of first turn."""
-    parts: dict[tuple[int, Hashable], list[int]] = {}
+    """(key, return, indices of its turns) for each scored unit (`_scored_by`) and key with turns, in order of
+    first turn."""
+    parts: dict[tuple[tuple[int, ...], Hashable], tuple[float, list[int]]] = {}
     for index, turn in enumerate(trajectory.turns):
-        parts.setdefault((turn.seat, key(turn)), []).append(index)
-    return [(k, float(trajectory.result.rewards[seat]), indices) for (seat, k), indices in parts.items()]
+        unit, ret = _scored_by(trajectory, index)
+        parts.setdefault((unit, key(turn)), (ret, []))[1].append(index)
+    return [(k, ret, indices) for (_, k), (ret, indices) in parts.items()]
 
 
 def _assemble(trajectories: Sequence[Trajectory], values: Iterable[tuple[int, list[int], float]]) -> Advantages:
@@ -91,9 +108,15 @@ def rae(
     key: KeyFn = game_and_role,
     state_prior: float | None = None,
 ) -> tuple[Advantages, dict[Key, float]]:
-    """SPIRAL's role-conditioned advantages: A = R - b[key], then b <- decay*b + (1-decay)*R.
+    """SPIRAL's role-conditioned advantages: A = R - b[key], then the baselines move towards the batch.
 
-    Trajectories update the baselines in order; returns the advantages and the new baselines.
+    Every advantage of a batch reads the baselines as they stood before it, and only then do
+    they move, so that the baseline a turn is compared against never depends on the batch's
+    order. That order is the order games finish, and a short game (a fold) finishes first: a
+    baseline updated game by game would differ between a game's moves by how soon each ends
+    the game. A key with n returns in the batch moves as n EMA steps whose returns were all
+    the batch's mean: b <- decay**n * b + (1 - decay**n) * mean(R). Returns the advantages and
+    the new baselines.
 
     With `state_prior`, a turn's baseline is instead the mean return of the batch's *other*
     seats that saw the same prompt, shrunk towards b[key] as if b[key] were `state_prior` more
@@ -104,32 +127,35 @@ def rae(
     move, so the baseline leaves the gradient unbiased.
     """
     by_state = _returns_by_state(trajectories, key) if state_prior is not None else {}
-    updated = dict(baselines)
+    returns: dict[Key, list[float]] = {}
     values = []
     for traj_index, trajectory in enumerate(trajectories):
         for k, ret, indices in _parts(trajectory, key):
-            old = updated.get(k, 0.0)
-            # The advantage uses the baseline from before this return, as SPIRAL's reference does,
-            # so a return is never compared against a baseline it has already moved.
+            old = baselines.get(k, 0.0)
+            returns.setdefault(k, []).append(ret)
             if state_prior is None:
                 values.append((traj_index, indices, ret - old))
-            else:
-                for index in indices:
-                    total, count = by_state[k, trajectory.turns[index].prompt_ids]
-                    weight = count - 1 + state_prior
-                    baseline = (total - ret + state_prior * old) / weight if weight > 0 else old
-                    values.append((traj_index, [index], ret - baseline))
-            updated[k] = decay * old + (1.0 - decay) * ret
+                continue
+            for index in indices:
+                total, count = by_state[k, trajectory.turns[index].prompt_ids]
+                weight = count - 1 + state_prior
+                baseline = (total - ret + state_prior * old) / weight if weight > 0 else old
+                values.append((traj_index, [index], ret - baseline))
+    updated = dict(baselines)
+    for k, batch in returns.items():
+        kept = decay ** len(batch)
+        updated[k] = kept * updated.get(k, 0.0) + (1.0 - kept) * math.fsum(batch) / len(batch)
     return _assemble(trajectories, values), updated
 
 
 def _returns_by_state(trajectories: Sequence[Trajectory], key: KeyFn) -> dict[tuple[Key, tuple], tuple[float, int]]:
-    """(sum of returns, number of seats) per key and prompt: each seat counted once per prompt it saw."""
-    seen: dict[tuple[Key, tuple], dict[tuple[int, int], float]] = {}
+    """(sum of returns, number of units) per key and prompt: each scored unit (`_scored_by`) counted once per
+    prompt it saw."""
+    seen: dict[tuple[Key, tuple], dict[tuple, float]] = {}
     for traj_index, trajectory in enumerate(trajectories):
-        for turn in trajectory.turns:
-            seat_return = float(trajectory.result.rewards[turn.seat])
-            seen.setdefault((key(turn), turn.prompt_ids), {})[traj_index, turn.seat] = seat_return
+        for index, turn in enumerate(trajectory.turns):
+            unit, ret = _scored_by(trajectory, index)
+            seen.setdefault((key(turn), turn.prompt_ids), {})[traj_index, unit] = ret
     return {state: (sum(returns.values()), len(returns)) for state, returns in seen.items()}
 
 
@@ -139,12 +165,16 @@ def turn_level_returns(
     valid_turn_bonus: float = 0.0,
     eps: float = 1e-6,
 ) -> Advantages:
-    """MARS's turn-level returns: per-turn rewards summed forward per seat, normalised per key over the batch."""
+    """MARS's turn-level returns: per-turn rewards summed forward per seat, normalised per key over the batch.
+    A retried invalid output is scored by its penalty alone (`_scored_by`), outside its seat's sums."""
     groups: dict[Hashable, list[tuple[int, list[int], float]]] = {}
     for traj_index, trajectory in enumerate(trajectories):
         by_seat: dict[int, list[int]] = {}
         for index, turn in enumerate(trajectory.turns):
-            by_seat.setdefault(turn.seat, []).append(index)
+            if turn.retried_penalty is None:
+                by_seat.setdefault(turn.seat, []).append(index)
+            else:
+                groups.setdefault(key(turn), []).append((traj_index, [index], turn.retried_penalty))
         for seat, indices in by_seat.items():
             turns = [trajectory.turns[i] for i in indices]
             rewards = [t.reward + (0.0 if t.invalid else valid_turn_bonus) for t in turns]
@@ -194,8 +224,8 @@ def trr_plus_plus(trajectories: Sequence[Trajectory], key: KeyFn = game_and_role
 
 
 def reinforce(trajectories: Sequence[Trajectory]) -> Advantages:
-    """Plain REINFORCE: every turn gets its seat's final return."""
-    return [tuple(float(t.result.rewards[turn.seat]) for turn in t.turns) for t in trajectories]
+    """Plain REINFORCE: every turn gets its seat's final return (a retried invalid output its penalty)."""
+    return [tuple(_scored_by(t, index)[1] for index in range(len(t.turns))) for t in trajectories]
 
 
 def discount_turns(trajectories: Sequence[Trajectory], advantages: Advantages, discount: float) -> Advantages:
@@ -221,12 +251,13 @@ def estimate(
     key: KeyFn = game_and_role,
     turn_discount: float = 1.0,
     state_prior: float | None = None,
+    valid_turn_bonus: float = 0.0,
 ) -> tuple[Advantages, dict[Key, float]]:
     """Run the estimator called `name`, each turn's advantage then scaled by `turn_discount` (see
     `discount_turns`); returns the advantages and the baselines to carry to the next batch.
-    `decay` and `state_prior` are RAE's (see `rae`). The config schema (`AdvantageConfig`)
-    checks their ranges and which estimator takes which."""
-    advantages, baselines = _estimate(name, trajectories, baselines, decay, key, state_prior)
+    `decay` and `state_prior` are RAE's (see `rae`), `valid_turn_bonus` turn_level's. The config
+    schema (`AdvantageConfig`) checks their ranges and which estimator takes which."""
+    advantages, baselines = _estimate(name, trajectories, baselines, decay, key, state_prior, valid_turn_bonus)
     if turn_discount != 1.0:
         advantages = discount_turns(trajectories, advantages, turn_discount)
     return advantages, baselines
@@ -239,11 +270,12 @@ def _estimate(
     decay: float,
     key: KeyFn,
     state_prior: float | None,
+    valid_turn_bonus: float,
 ) -> tuple[Advantages, dict[Key, float]]:
     if name == "rae":
         return rae(trajectories, baselines, decay=decay, key=key, state_prior=state_prior)
     stateless: dict[str, Callable[[], Advantages]] = {
-        "turn_level": lambda: turn_level_returns(trajectories, key=key),
+        "turn_level": lambda: turn_level_returns(trajectories, key=key, valid_turn_bonus=valid_turn_bonus),
         "grpo": lambda: grpo(trajectories, key=key),
         "dr_grpo": lambda: grpo(trajectories, key=key, scale=False),
         "rloo": lambda: rloo(trajectories, key=key),

@@ -106,6 +106,7 @@ class AdvantageConfig:
     # a turn's advantage times this ** (its player's later turns in the game)
     turn_discount: Annotated[float, Bounds(0, 1, low_open=True)] = 1.0
     group_size: AtLeastOne = 1  # plays of each game start per step; grpo, dr_grpo and rloo need more than 1
+    valid_turn_bonus: Reward = 0.0  # turn_level only: MARS's reward for each valid turn (theirs: 0.05)
 
     def __post_init__(self):
         if self.estimator in GROUPED_ESTIMATORS and self.group_size < 2:
@@ -117,13 +118,17 @@ class AdvantageConfig:
             raise UserError(
                 f"advantages.state_prior={self.state_prior} needs advantages.estimator=rae; set it to null otherwise."
             )
+        if self.valid_turn_bonus and self.estimator != "turn_level":
+            raise UserError(
+                f"advantages.valid_turn_bonus={self.valid_turn_bonus} needs advantages.estimator=turn_level; "
+                "set it to 0 otherwise."
+            )
 
 
 @dataclass(frozen=True)
 class LoraConfig:
     rank: int = 0  # 0 trains every weight; above 0 trains LoRA adapters of this rank (peft)
     alpha: Positive = 16.0
-    dropout: Annotated[float, Bounds(0, 1, high_open=True)] = 0.0
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
 
     def __post_init__(self):
@@ -263,6 +268,14 @@ class LeagueConfig:
             raise UserError(
                 "league.psro_payoffs=exact reads every past player's move probabilities from its model, but "
                 f"league.scripted adds {', '.join(self.scripted)}: drop them, or set league.psro_payoffs=games."
+            )
+        # A pair's decayed counts approach 1 / (1 - decay) games and never pass it.
+        remembered = math.inf if self.payoff_decay == 1 else 1 / (1 - self.payoff_decay)
+        if self.snapshot_min_games >= remembered:
+            raise UserError(
+                f"league.snapshot_min_games={self.snapshot_min_games:g} can never be reached: with "
+                f"league.payoff_decay={self.payoff_decay:g} a pair's decayed counts stay below {remembered:.4g} games. "
+                "Lower it, or raise league.payoff_decay."
             )
         learning_players = 1 + self.main_exploiters + self.league_exploiters
         if self.enabled and 0 < self.population_cap < learning_players:
@@ -524,12 +537,24 @@ def _set_dotted(raw: dict, key: str, value: Any) -> None:
     node[leaf] = value
 
 
+# Settings that no longer exist, with the value that means what the code now does: the configs
+# saved in older run directories carry them, and still load; any other value is refused with why.
+RETIRED_SETTINGS = {
+    "learner.lora.dropout": (
+        0.0,
+        "the learner trains with every dropout off, since the sampler samples without it and PPO's ratios compare "
+        "two passes of the learner (with dropout they are noise); remove the key",
+    ),
+}
+
+
 def build_section(cls, raw: Any, prefix: str = ""):
     """The schema dataclass `cls` from the mapping `raw` (its keys under `prefix`): every value
     converted and checked, defaults where `raw` is silent."""
     where = prefix.rstrip(".") or "the config"
     if not isinstance(raw, dict):
         raise UserError(f"'{where}' must be a section of keys, got {_shown(raw)}.")
+    raw = {name: value for name, value in raw.items() if not _retired(f"{prefix}{name}", value)}
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - set(fields), key=str)
     if unknown:
@@ -537,6 +562,16 @@ def build_section(cls, raw: Any, prefix: str = ""):
     hints = typing.get_type_hints(cls, include_extras=True)
     values = {name: _convert(hints[name], value, f"{prefix}{name}") for name, value in raw.items()}
     return cls(**values)
+
+
+def _retired(key: str, value: Any) -> bool:
+    """Whether `key` is a retired setting at the value the code now keeps (see RETIRED_SETTINGS)."""
+    if key not in RETIRED_SETTINGS:
+        return False
+    kept, why = RETIRED_SETTINGS[key]
+    if value != kept:
+        raise UserError(f"'{key}' is no longer a setting: {why}.")
+    return True
 
 
 def _convert(hint, value: Any, key: str):

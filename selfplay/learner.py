@@ -98,8 +98,8 @@ class Learner:
             model = _with_lora(model, config, Path(resume_from) / "adapter" if resume_from is not None else None)
         if config.activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.model = model
-        self.model.train()
+        self.model = _without_dropout(model)
+        self.model.train()  # for activation checkpointing, which transformers runs in train mode only
         # With LoRA the reference policy is the base model with adapters switched off; without,
         # a frozen copy, loaded only when the KL penalty needs it.
         self.reference = None
@@ -437,6 +437,19 @@ def _sharing_weights(model: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(model, shared)
 
 
+def _without_dropout(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` with every dropout off, in train mode too: the sampler draws from the model without
+    dropout, and PPO's ratio compares two passes of the learner, which dropout would give
+    different masks (ratios far from 1 at learning rate 0). As TRL does, and for the attention
+    dropout that transformers' attention modules apply as a plain float."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+    return model
+
+
 def _with_lora(model, config: LearnerConfig, adapter_path: str | Path | None):
     """`model` with LoRA adapters as the config sets them, holding the saved adapter weights at
     `adapter_path` if given. A resumed adapter is built exactly as a new one (not from its saved
@@ -446,7 +459,6 @@ def _with_lora(model, config: LearnerConfig, adapter_path: str | Path | None):
     lora = LoraConfig(
         r=config.lora.rank,
         lora_alpha=config.lora.alpha,
-        lora_dropout=config.lora.dropout,
         target_modules=list(config.lora.target_modules),
         task_type="CAUSAL_LM",
     )

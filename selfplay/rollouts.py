@@ -269,6 +269,7 @@ class RolloutEngine:
                 invalid=len(env.invalid_log[agent]) > invalid_before,
                 reward=float(env.rewards.get(agent, 0.0)),
                 choices=prompt.choices,
+                retried_penalty=env.retried_penalty,
             )
         )
 

@@ -710,6 +710,7 @@ class Trainer:
                 key=advantage_key,
                 turn_discount=config.advantages.turn_discount,
                 state_prior=config.advantages.state_prior,
+                valid_turn_bonus=config.advantages.valid_turn_bonus,
             )
             samples = [
                 Sample(

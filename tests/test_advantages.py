@@ -3,6 +3,7 @@ and per-key baselines, and the dispatcher the trainer calls."""
 
 from __future__ import annotations
 
+import random
 from types import MappingProxyType
 
 import pytest
@@ -34,6 +35,7 @@ def turn(
     role: str | None = None,
     invalid: bool = False,
     prompt: tuple[int, ...] = (1,),
+    retried_penalty: float | None = None,
 ) -> Turn:
     return Turn(
         game=game,
@@ -47,8 +49,9 @@ def turn(
         logprobs=(-0.5,),
         text="\\boxed{0}",
         finish_reason="stop",
-        invalid=invalid,
+        invalid=invalid or retried_penalty is not None,
         reward=reward,
+        retried_penalty=retried_penalty,
     )
 
 
@@ -84,12 +87,13 @@ def assert_close(actual, expected):
 # ---- RAE ----
 
 
-def test_rae_ema_baselines_over_three_trajectories():
+def test_rae_compares_a_batch_with_the_baselines_of_its_start_then_moves_them_towards_its_mean():
     batch = [alternating((1.0, -1.0)), alternating((1.0, -1.0)), alternating((-1.0, 1.0))]
     advantages, baselines = rae(batch, {})
-    # b0: 0 -> 0.05 -> 0.95*0.05 + 0.05 = 0.0975 -> 0.95*0.0975 - 0.05 = 0.042625; b1 mirrors it.
-    assert_close(advantages, [(1.0, -1.0, 1.0), (0.95, -0.95, 0.95), (-1.0975, 1.0975, -1.0975)])
-    assert baselines == close({P0: 0.042625, P1: -0.042625})
+    # Every game meets b = 0. Then b0 moves as three EMA steps towards the mean return 1/3:
+    # 0.95**3 * 0 + (1 - 0.95**3) / 3 = 0.142625 / 3; b1 mirrors it.
+    assert_close(advantages, [(1.0, -1.0, 1.0), (1.0, -1.0, 1.0), (-1.0, 1.0, -1.0)])
+    assert baselines == close({P0: 0.142625 / 3, P1: -0.142625 / 3})
 
 
 def test_rae_reads_the_baseline_before_updating_and_leaves_the_input_alone():
@@ -114,11 +118,11 @@ def test_rae_leaves_seats_without_turns_untouched():
     assert baselines == close({P0: 0.05, P1: 0.3})
 
 
-def test_rae_with_a_custom_key_shares_a_baseline_between_seats_in_turn_order():
-    # Seat 0 sees b = 0 and moves it to 0.05; seat 1 then sees 0.05 and moves it to 0.95*0.05 - 0.05.
-    advantages, baselines = rae([alternating((1.0, -1.0), 2)], {}, key=lambda t: t.game)
-    assert_close(advantages, [(1.0, -1.05)])
-    assert baselines == close({"ttt": -0.0025})
+def test_rae_with_a_custom_key_shares_a_baseline_between_seats():
+    # Both seats meet b = 0.2; it then moves two steps towards their mean return, 0: 0.95**2 * 0.2.
+    advantages, baselines = rae([alternating((1.0, -1.0), 2)], {"ttt": 0.2}, key=lambda t: t.game)
+    assert_close(advantages, [(0.8, -1.2)])
+    assert baselines == close({"ttt": 0.1805})
 
 
 STATE_BATCH = [
@@ -129,18 +133,19 @@ STATE_BATCH = [
 
 
 def test_rae_state_prior_baselines_each_turn_on_the_other_plays_of_its_prompt():
-    # Role baseline b (decay 0.5): 0 -> 1 -> 0.5 -> 0.75, as without the prior. Prompt 7 was played
-    # twice (returns 2 and 0), prompt 8 once. With one pseudo-play at b:
-    #   first:  (0 others' sum + 1 * 0) / (1 + 1) = 0     -> A = 2 - 0 = 2
-    #   second: (2 + 1 * 1) / (1 + 1) = 1.5                -> A = 0 - 1.5 = -1.5
-    #   third:  no other play of prompt 8: (0 + 1 * 0.5) / 1 -> A = 1 - 0.5 = 0.5
-    advantages, baselines = rae(STATE_BATCH, {}, decay=0.5, state_prior=1.0)
-    assert_close(advantages, [(2.0,), (-1.5,), (0.5,)])
-    assert baselines == close({P0: 0.75}) == rae(STATE_BATCH, {}, decay=0.5)[1]
+    # Role baseline b = 0.5 at the batch's start. Prompt 7 was played twice (returns 2 and 0),
+    # prompt 8 once. With one pseudo-play at b:
+    #   first:  (0 others' sum + 1 * 0.5) / (1 + 1) = 0.25   -> A = 2 - 0.25 = 1.75
+    #   second: (2 + 1 * 0.5) / (1 + 1) = 1.25                -> A = 0 - 1.25 = -1.25
+    #   third:  no other play of prompt 8: (0 + 1 * 0.5) / 1  -> A = 1 - 0.5 = 0.5
+    # b then moves (decay 0.5) three steps towards the mean return 1, as without the prior.
+    advantages, baselines = rae(STATE_BATCH, {P0: 0.5}, decay=0.5, state_prior=1.0)
+    assert_close(advantages, [(1.75,), (-1.25,), (0.5,)])
+    assert baselines == close({P0: 0.125 * 0.5 + 0.875}) == rae(STATE_BATCH, {P0: 0.5}, decay=0.5)[1]
 
 
 def test_rae_state_prior_zero_is_leave_one_out_falling_back_to_the_role_baseline_when_alone():
-    advantages, _ = rae(STATE_BATCH, {}, decay=0.5, state_prior=0.0)
+    advantages, _ = rae(STATE_BATCH, {P0: 0.5}, decay=0.5, state_prior=0.0)
     assert_close(advantages, [(2.0 - 0.0,), (0.0 - 2.0,), (1.0 - 0.5,)])
 
 
@@ -267,6 +272,65 @@ def test_every_estimator_aligns_one_advantage_with_each_turn(name):
         assert baselines == start
 
 
+def mixed_batch(rng: random.Random) -> list[Trajectory]:
+    """Games of two kinds and lengths, repeated starts, repeated prompts and one-sided seats."""
+    batch = []
+    for index in range(24):
+        game = rng.choice(["ttt", "kuhn"])
+        reward = rng.choice([-2.0, -1.0, 0.0, 1.0, 2.0])
+        seats = [rng.randrange(2) for _ in range(rng.randint(1, 5))]
+        turns = [turn(seat, game=game, prompt=(rng.randrange(3),), invalid=rng.random() < 0.2) for seat in seats]
+        batch.append(traj((reward, -reward), turns, game=game, seed=index % 6))
+    return batch
+
+
+ORDERINGS = [(name, None) for name in ESTIMATORS] + [("rae", 0.0), ("rae", 4.0)]
+
+
+@pytest.mark.parametrize(("name", "state_prior"), ORDERINGS)
+def test_every_estimator_gives_each_trajectory_the_same_advantages_in_any_order_of_the_batch(name, state_prior):
+    # The engine hands a step's games over in the order they finish, which depends on the moves
+    # played (a fold ends a game early): no turn's advantage may depend on that order.
+    rng = random.Random(7)
+    batch = mixed_batch(rng)
+    start = {("ttt", "player_0"): 0.3, ("kuhn", "player_1"): -0.4}
+    expected, expected_baselines = estimate(name, batch, start, state_prior=state_prior, turn_discount=0.9)
+    for _ in range(5):
+        order = list(range(len(batch)))
+        rng.shuffle(order)
+        advantages, baselines = estimate(
+            name, [batch[i] for i in order], start, state_prior=state_prior, turn_discount=0.9
+        )
+        assert_close([advantages[order.index(i)] for i in range(len(batch))], expected)
+        assert baselines == close(expected_baselines)
+
+
+# Seat 0 writes an invalid answer, is let retry, and wins 2; seat 1 loses. A second game is a plain loss.
+RETRIED = [
+    traj((2.0, -2.0), [turn(0, retried_penalty=-1.5, prompt=(5,)), turn(0, prompt=(6,)), turn(1)], seed=1),
+    traj((-1.0, 1.0), [turn(0, prompt=(6,)), turn(1)], seed=1),
+]
+
+
+@pytest.mark.parametrize(("name", "state_prior"), ORDERINGS)
+def test_no_estimator_credits_a_retried_invalid_answer_with_the_game_its_retry_won(name, state_prior):
+    advantages, _ = estimate(name, RETRIED, {}, state_prior=state_prior)
+    retried, retry = advantages[0][:2]
+    assert retried < 0 < retry
+
+
+def test_a_retried_invalid_answer_is_scored_by_its_penalty_as_a_unit_of_its_own():
+    assert reinforce(RETRIED) == [(-1.5, 2.0, -2.0), (-1.0, 1.0)]
+    advantages, baselines = rae(RETRIED, {P0: 0.5}, decay=0.5)
+    assert_close(advantages, [(-2.0, 1.5, -2.0), (-1.5, 1.0)])
+    # Seat 0's baseline moves three steps towards the mean of -1.5, 2 and -1 (the retried attempt counts once).
+    assert baselines == close({P0: 0.125 * 0.5 + 0.875 * (-0.5 / 3), P1: 0.75 * (-0.5)})
+    # turn_level (bonus 0.1): the attempt is worth its penalty alone, outside its seat's returns-to-go:
+    # player_0's values -1.5, 0.1 + 2 and 0.1 - 1 (mean -0.1, std sqrt(2.48)); player_1's -1.9 and 1.1.
+    std = 2.48**0.5
+    assert_close(turn_level_returns(RETRIED, valid_turn_bonus=0.1), [(-1.4 / std, 2.2 / std, -1.0), (-0.8 / std, 1.0)])
+
+
 def test_estimate_dispatches_with_the_given_settings():
     batch = GROUPED[:3]
     assert estimate("dr_grpo", batch, {})[0] == grpo(batch, scale=False)
@@ -283,13 +347,15 @@ def test_estimate_rejects_an_unknown_name_listing_the_valid_ones():
 
 
 def test_turn_discount_scales_each_turn_by_its_seats_later_turns():
-    # First game: seat 0 moves at turns 0, 2, 4 and seat 1 at 1, 3; RAE from zero baselines gives
-    # A = 1 and -1 (baselines become 0.5 and -0.5). Second game: seat 1 moves twice, then seat 0;
-    # A = 1 - (-0.5) = 1.5 and -1 - 0.5 = -1.5. Each is then scaled by 0.5 ** (its seat's later turns).
+    # First game: seat 0 moves at turns 0, 2, 4 and seat 1 at 1, 3; second game: seat 1 moves twice,
+    # then seat 0. RAE from baselines 0.5 and -0.5 gives A = 0.5 and -0.5 in the first game and
+    # -1.5 and 1.5 in the second. Each is then scaled by 0.5 ** (its seat's later turns).
     batch = [alternating((1.0, -1.0), 5), traj((-1.0, 1.0), [turn(1), turn(1), turn(0)])]
-    advantages, baselines = estimate("rae", batch, {}, decay=0.5, turn_discount=0.5)
-    assert advantages == [(0.25, -0.5, 0.5, -1.0, 1.0), (0.75, 1.5, -1.5)]
-    assert baselines == rae(batch, {}, decay=0.5)[1] == {P0: -0.25, P1: 0.25}
+    start = {P0: 0.5, P1: -0.5}
+    advantages, baselines = estimate("rae", batch, start, decay=0.5, turn_discount=0.5)
+    assert advantages == [(0.125, -0.25, 0.25, -0.5, 0.5), (0.75, 1.5, -1.5)]
+    # Each baseline takes two steps of 0.5 towards its returns' mean, 0.
+    assert baselines == rae(batch, start, decay=0.5)[1] == {P0: 0.125, P1: -0.125}
 
 
 def test_turn_discount_of_one_changes_nothing():

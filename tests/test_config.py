@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from selfplay.cli import main
-from selfplay.config import TrainConfig, find_yaml, load_config
+from selfplay.config import LoraConfig, TrainConfig, find_yaml, load_config
 from selfplay.errors import UserError
 from selfplay.train import validate
 
@@ -98,6 +98,9 @@ def test_what_needs_the_registries_is_checked_before_work(overrides, message):
         (["advantages.turn_discount=0"], r"'advantages.turn_discount': expected a number above 0 and at most 1"),
         (["advantages.state_prior=-1"], "'advantages.state_prior': expected a number at least 0, got -1"),
         (["advantages.estimator=trr++", "advantages.state_prior=4"], "state_prior=4.0 needs advantages.estimator=rae"),
+        (["advantages.valid_turn_bonus=0.05"], "valid_turn_bonus=0.05 needs advantages.estimator=turn_level"),
+        (["league.snapshot_min_games=100"], "snapshot_min_games=100 can never be reached: with league.payoff_decay"),
+        (["learner.lora.dropout=0.3"], "'learner.lora.dropout' is no longer a setting: the learner trains with every"),
         (["learner.reference_update_every=10"], "set learner.kl_coef above 0"),
         (["learner.kl_coef=0.1", "learner.reference_update_every=10", "learner.lora.rank=4"], "lora.rank=0"),
         (["rollout.decoding=legal", "rollout.top_p=0.9"], "rollout.top_p applies to free decoding only"),
@@ -110,6 +113,12 @@ def test_what_needs_the_registries_is_checked_before_work(overrides, message):
 def test_settings_that_do_not_fit_together_are_refused_by_the_schema(overrides, message):
     with pytest.raises(UserError, match=message):
         load_config(None, overrides)
+
+
+def test_a_retired_setting_at_the_value_the_code_keeps_loads_as_older_run_directories_saved_it(tmp_path):
+    saved = tmp_path / "config.yaml"
+    saved.write_text("learner:\n  lora: {rank: 4, alpha: 8.0, dropout: 0.0}\n")
+    assert load_config(saved).learner.lora == LoraConfig(rank=4, alpha=8.0)
 
 
 @pytest.mark.parametrize(

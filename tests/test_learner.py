@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from selfplay.backends import SamplingSettings
 from selfplay.backends.hf_backend import HFBackend
@@ -146,6 +146,26 @@ def test_ppo_epochs_clip_the_ratio(tiny_model_dir, prompt):
     learner = Learner(str(tiny_model_dir), LearnerConfig(lr=5e-2, epochs=4, clip=0.2), seed=0)
     stats = learner.update([sampled(learner, prompt, [5, 6, 7], 1.0)])
     assert stats["clip_fraction"] > 0
+
+
+@pytest.mark.parametrize("lora", [0, 4])
+def test_ppo_ratios_are_exactly_one_at_learning_rate_zero_for_a_model_with_dropout(
+    tiny_model_dir, prompt, tmp_path, lora
+):
+    # The sampler samples without dropout; the learner's passes (the log-probs before the update, each
+    # epoch's loss) must score that same policy, or PPO clips on noise.
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attention_dropout=0.5)
+    model.save_pretrained(tmp_path / "dropout")
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(tmp_path / "dropout")
+    config = LearnerConfig(lr=0.0, epochs=2, minibatches=2, lora=LoraConfig(rank=lora))
+    learner = Learner(str(tmp_path / "dropout"), config, seed=0)
+    responses = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
+    with torch.no_grad():
+        sampler = response_logprobs(model.eval(), [prompt] * 3, responses)
+    samples = [Sample(tuple(prompt), tuple(r), tuple(lp.tolist()), 1.0) for r, lp in zip(responses, sampler)]
+    stats = learner.update(samples)
+    assert stats["clip_fraction"] == 0.0
+    assert stats["ratio_max"] == pytest.approx(1.0, abs=1e-5)
 
 
 def test_exported_weights_reach_the_backend(tiny_model_dir, prompt, tmp_path):

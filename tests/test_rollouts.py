@@ -164,6 +164,8 @@ def test_truncated_responses_are_invalid_moves(hf_backend, tokenizer):
     assert trajectory.result.end_reason == "invalid_move"
     assert trajectory.result.rewards == (-1.5, 0.5)
     assert trajectory.turns[-1].reward == -1.5
+    # The retried attempt carries the penalty it would have ended the game with; the last one ended it.
+    assert [t.retried_penalty for t in trajectory.turns] == [-1.5, None]
 
 
 def test_mixed_batch_with_a_real_backend_is_well_formed_and_reproducible(hf_backend, tokenizer):
