@@ -64,16 +64,29 @@ class Shards:
         return top.item()
 
     def gather(self, value) -> list:
-        """Every process's `value` (any picklable object), in rank order."""
+        """Every process's `value` (any picklable object), in rank order, its tensors on this
+        process's device. Tensors travel on the CPU: unpickled as sent, another process's would
+        land on that process's GPU, which this one may not see and cannot mix with its own."""
         values = [None] * self.processes
-        dist.all_gather_object(values, value)
-        return values
+        dist.all_gather_object(values, placed(value, "cpu"))
+        return [placed(part, self.device) for part in values]
 
     def from_first(self, value):
         """Rank 0's `value` on every process."""
         box = [value]
         dist.broadcast_object_list(box, src=0)
         return box[0]
+
+
+def placed(value, device: str):
+    """`value` with every tensor in it, through nested dicts, lists and tuples, moved to `device`."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {key: placed(item, device) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(placed(item, device) for item in value)
+    return value
 
 
 def init_process_group(shards: Shards, address: str, port: int, timeout_minutes: float) -> None:

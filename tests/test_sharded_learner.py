@@ -201,3 +201,28 @@ def test_a_ray_node_offering_the_learners_gpus_to_rollout_workers_is_refused():
         check_learner_gpus(4, nodes, "10.0.0.1", gpus_here=8)
     nodes[0]["Resources"]["GPU"] = 4.0  # started with --num-gpus=4: the learner keeps the other four
     check_learner_gpus(4, nodes, "10.0.0.1", gpus_here=8)
+
+
+def test_gathered_tensors_arrive_on_the_gathering_process_device_however_nested(monkeypatch):
+    """Each process's tensors come back on the caller's device, through the containers the
+    learner nests them in (log-probs by sample, per-lag figures, memory figures): here this
+    process's device is 'meta', and the other process's tensors arrive on the CPU, as unpickled."""
+    shards = sharding.Shards(rank=0, processes=2, device="meta")
+    value = ({0: torch.zeros(3), 2: torch.zeros(1)}, [{"lag": torch.zeros(2)}, 7], "text", None)
+
+    def all_gather_object(values, mine):
+        values[:] = [mine, mine]
+
+    monkeypatch.setattr(sharding.dist, "all_gather_object", all_gather_object)
+    gathered = shards.gather(value)
+
+    def devices(value) -> set[str]:
+        if isinstance(value, torch.Tensor):
+            return {value.device.type}
+        items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else []
+        return set().union(*map(devices, items))
+
+    assert devices(gathered) == {"meta"}
+    for part in gathered:
+        assert type(part) is tuple and type(part[1]) is list and part[1][1:] == [7] and part[2:] == ("text", None)
+        assert part[0].keys() == {0, 2} and part[0][0].shape == (3,)
