@@ -20,11 +20,24 @@ def game_prompts(tokenizer, games=("tictactoe", "kuhn_poker", "negotiation", "ni
     return prompts
 
 
-def recomputed_logprobs(model, prompt, response, temperature):
+def nucleus_logprobs(logprobs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """`logprobs` (..., vocab) cut to the top-p nucleus, the most likely tokens until their mass
+    reaches top_p, and renormalised over it; the rest -inf."""
+    probs, order = logprobs.exp().sort(-1, descending=True)
+    in_nucleus = torch.zeros_like(logprobs, dtype=torch.bool).scatter(-1, order, probs.cumsum(-1) - probs < top_p)
+    return torch.log_softmax(logprobs.masked_fill(~in_nucleus, float("-inf")), -1)
+
+
+def recomputed_logprobs(model, prompt, response, temperature, top_p=1.0):
+    """Each response token's log-probability under softmax(logits / T), renormalised over the
+    top-p nucleus when top_p < 1."""
     ids = torch.tensor([prompt + list(response)])
     with torch.no_grad():
         logits = model(ids).logits[0, len(prompt) - 1 : -1].float() / temperature
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response).unsqueeze(-1)).squeeze(-1)
+    logprobs = torch.log_softmax(logits, -1)
+    if top_p < 1.0:
+        logprobs = nucleus_logprobs(logprobs, top_p)
+    return logprobs.gather(-1, torch.tensor(response).unsqueeze(-1)).squeeze(-1)
 
 
 def test_generations_are_well_formed_seeded_and_match_recomputed_logprobs(tiny_model_dir):
@@ -45,6 +58,23 @@ def test_generations_are_well_formed_seeded_and_match_recomputed_logprobs(tiny_m
     for prompt, generation in zip(prompts, generations):
         expected = recomputed_logprobs(reference, prompt, generation.token_ids, 0.7)
         assert torch.allclose(torch.tensor(generation.logprobs), expected, atol=1e-4)
+
+
+@pytest.mark.parametrize("temperature, top_p", [(0.7, 0.8), (1.3, 0.5)])
+def test_top_p_logprobs_are_of_the_renormalised_nucleus_sampled_from(tiny_model_dir, hf_model, temperature, top_p):
+    """The learner's behaviour policy is the distribution each token was drawn from: under top_p
+    that is softmax(logits / T) cut to the nucleus and renormalised, -log(nucleus mass) above
+    the full distribution's log-probability (about -log(top_p) for the untrained model)."""
+    backend = HFBackend(str(tiny_model_dir))
+    prompts = game_prompts(backend.tokenizer)
+    sampling = SamplingSettings(max_new_tokens=12, temperature=temperature, top_p=top_p, seed=3)
+    for prompt, generation in zip(prompts, backend.generate(prompts, sampling)):
+        logprobs = torch.tensor(generation.logprobs)
+        assert torch.isfinite(logprobs).all()
+        expected = recomputed_logprobs(hf_model, prompt, generation.token_ids, temperature, top_p)
+        assert torch.allclose(logprobs, expected, atol=1e-4)
+        untruncated = recomputed_logprobs(hf_model, prompt, generation.token_ids, temperature)
+        assert (logprobs - untruncated).min() > 0.1
 
 
 def test_generation_does_not_touch_the_callers_random_state(tiny_model_dir):

@@ -162,14 +162,15 @@ class HFBackend(PolicyBackend):
             eos_token_id=sorted(self.eos_ids),
             pad_token_id=self.pad_id,
             return_dict_in_generate=True,
-            output_logits=True,
+            output_scores=True,
         )
         new_tokens = out.sequences[:, width:].cpu()
-        # The sampler's log-probability: softmax(logits / T), before any top-p truncation.
-        logits = torch.stack(out.logits, dim=1).float().cpu()
-        if not greedy:
-            logits = logits / sampling.temperature
-        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
+        # The sampler's log-probability: of the distribution each token was drawn from, the
+        # scores after the temperature and top-p warpers (outside the nucleus -inf, so their
+        # log-softmax is renormalised over it). A drawn token is never outside the nucleus;
+        # the pad tokens after a row's stop may be, and `cut_at_stop` drops them.
+        scores = torch.stack(out.scores, dim=1).float().cpu()
+        logprobs = torch.log_softmax(scores, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
         return [
             cut_at_stop(new_tokens[row].tolist(), logprobs[row].tolist(), self.eos_ids, self.tokenizer, self.version)
             for row in range(len(prompts))

@@ -36,7 +36,6 @@ from selfplay.backends.base import (
     packed,
     weight_buckets,
 )
-from selfplay.errors import UserError
 from selfplay.legal_decoding import Choices, legal_decode
 
 WORKER_EXTENSION = "selfplay.backends.vllm_worker.SelfplayWorkerExtension"
@@ -55,35 +54,6 @@ def request_seed(seed: int, index: int) -> int:
     """The sampling seed of prompt `index` in a batch sampled with `seed` (63 bits)."""
     digest = hashlib.blake2b(f"selfplay:{seed}:{index}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
-
-
-def logprobs_mode_for(sampling: SamplingSettings) -> str | None:
-    """Which vLLM `logprobs_mode` reports log softmax(logits / T) of the sampled token.
-
-    vLLM offers two normalised modes: `raw_logprobs`, the log-softmax of the model's logits
-    before temperature and top-p, and `processed_logprobs`, the log-softmax after temperature
-    *and* top-p, i.e. renormalised over the nucleus. The learner needs the former at the
-    sampling temperature, without the nucleus renormalisation. So:
-
-    - greedy: both modes give the plain log-softmax (vLLM applies no temperature) -> None,
-      either will do;
-    - top_p == 1: `processed_logprobs` is exactly log softmax(logits / T);
-    - top_p < 1 and T == 1: `raw_logprobs` is exactly log softmax(logits);
-    - top_p < 1 and T not in (0, 1): neither mode gives it, and vLLM returns no normaliser
-      from which to recover it, so this is refused rather than reported wrongly.
-    """
-    if sampling.temperature < GREEDY_EPS:
-        return None
-    if sampling.top_p >= 1.0:
-        return "processed_logprobs"
-    if sampling.temperature == 1.0:
-        return "raw_logprobs"
-    raise UserError(
-        "VLLMBackend cannot report log softmax(logits / T) for temperature "
-        f"{sampling.temperature} together with top_p {sampling.top_p}: vLLM's logprobs are "
-        "either before temperature (raw) or renormalised over the top-p nucleus (processed). "
-        "Use top_p=1.0, or temperature 1.0."
-    )
 
 
 class VLLMBackend(PolicyBackend):
@@ -117,9 +87,11 @@ class VLLMBackend(PolicyBackend):
             seed=seed,
             dtype=dtype,
             max_model_len=max_model_len,
-            # The engine starts in `processed_logprobs`; `generate` switches modes per call
-            # (see `logprobs_mode_for`). Starting in a processed mode also keeps vLLM's CUDA
-            # sampler on the PyTorch path, which honours per-request seeds.
+            # The log-softmax of the logits each token was drawn from: after `allowed_token_ids`,
+            # the temperature and top-p (outside the nucleus -inf, so renormalised over it),
+            # row by row, whatever each request's settings; greedy rows get the plain
+            # log-softmax. A processed mode also keeps vLLM's CUDA sampler on the PyTorch
+            # path, which honours per-request seeds.
             logprobs_mode="processed_logprobs",
             worker_extension_cls=WORKER_EXTENSION,
             disable_log_stats=True,
@@ -147,7 +119,6 @@ class VLLMBackend(PolicyBackend):
             kwargs["enable_chunked_prefill"] = False
         kwargs.update(engine_kwargs)
         self.llm = LLM(**kwargs)
-        self._logprobs_mode = "processed_logprobs"
         self._batches = itertools.count()  # numbers each batch's request ids
 
         self.tokenizer = self.llm.get_tokenizer()
@@ -167,14 +138,6 @@ class VLLMBackend(PolicyBackend):
         if eos is not None:
             ids.update(eos if isinstance(eos, list) else [eos])
         return frozenset(ids)
-
-    def _set_logprobs_mode(self, mode: str | None) -> None:
-        if mode is None or mode == self._logprobs_mode:
-            return
-        modes = self.llm.collective_rpc("selfplay_set_logprobs_mode", args=(mode,))
-        if any(m != mode for m in modes):
-            raise RuntimeError(f"vLLM workers did not switch to {mode}: {modes}")
-        self._logprobs_mode = mode
 
     def generate(
         self, prompts: list[list[int]], sampling: SamplingSettings, choices: list[Choices] | None = None
@@ -197,7 +160,6 @@ class VLLMBackend(PolicyBackend):
         if choices is not None:
             yield list(enumerate(self._generate_legal(prompts, choices, sampling)))
             return
-        self._set_logprobs_mode(logprobs_mode_for(sampling))
         params = [self._sampling_params(sampling, index) for index in range(len(prompts))]
         for finished in self._run(prompts, params):
             yield [(index, self._to_generation(completion)) for index, completion in finished]
@@ -234,7 +196,6 @@ class VLLMBackend(PolicyBackend):
         """Legal decoding: each round, every response waiting on a choice between tokens is
         sampled one token by the engine, limited to those (`allowed_token_ids`, applied before
         the processed log-probability is taken)."""
-        self._set_logprobs_mode("processed_logprobs")
         one_token = replace(sampling, max_new_tokens=1)
 
         def sample(rows, written, allowed, round_) -> list[tuple[int, float]]:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
-
 
 def _file_weights(path: str) -> Iterator[tuple[str, object]]:
     """(name, tensor) for every tensor in the safetensors file, in the checkpoint's own naming."""
@@ -112,21 +110,3 @@ class SelfplayWorkerExtension:
 
         self.model_runner.reload_weights(weights_iterator=counted())
         return count
-
-    def selfplay_set_logprobs_mode(self, mode: str) -> str:
-        """Switch which log-probabilities the sampler reports, for the requests that follow.
-
-        vLLM fixes `logprobs_mode` per engine, but the sampler only reads it at sampling
-        time (V1 model runner), so it can change between `generate` calls. Returns the mode
-        now in force.
-        """
-        if mode not in LOGPROBS_MODES:
-            raise ValueError(f"unsupported logprobs mode {mode!r}")
-        sampler = self.model_runner.sampler
-        if not hasattr(sampler, "logprobs_mode"):
-            raise RuntimeError(f"{type(sampler).__name__} has no logprobs_mode to switch")
-        sampler.logprobs_mode = mode
-        inner = getattr(sampler, "topk_topp_sampler", None)
-        if inner is not None and hasattr(inner, "logprobs_mode"):
-            inner.logprobs_mode = mode
-        return sampler.logprobs_mode
