@@ -26,7 +26,9 @@ from selfplay.league.payoff import PayoffTable
 from selfplay.league.population import eviction_choice, snapshot_due
 from selfplay.league.ratings import OnlineRatings
 from selfplay.league.records import LeagueMatch, LeaguePlayer
+from selfplay.league.standings import show
 from selfplay.league.store import LeagueStore
+from selfplay.records import MatchResult, Trajectory
 from selfplay.run_dir import RunDir
 from selfplay.train import Trainer, train_command
 
@@ -134,17 +136,83 @@ def test_payoff_keeps_games_and_role_pairings_apart():
     table.add(_match("b", "a", 1.0, roles=("player_0", "player_1")))
     table.add(_match("a", "b", -1.0, game="kuhn_poker"))
     assert table.win_rate("a", "b", "tictactoe") == 0.5 and table.win_rate("a", "b", "kuhn_poker") == 0.0
-    assert set(table.tallies) == {
+    assert set(table.tallies["a", "b"]) == {
         ("tictactoe", "player_0", "player_1"),
         ("tictactoe", "player_1", "player_0"),
         ("kuhn_poker", "player_0", "player_1"),
+    }
+    assert set(table.tallies["b", "a"]) == {
+        ("tictactoe", "player_1", "player_0"),
+        ("tictactoe", "player_0", "player_1"),
         ("kuhn_poker", "player_1", "player_0"),
     }
-    assert table.tallies["tictactoe", "player_0", "player_1"]["a", "b"].wins == 1
+    assert table.tallies["a", "b"]["tictactoe", "player_0", "player_1"].wins == 1
     rates, games = table.matrix(["a", "b"])
     assert rates[0, 1] == pytest.approx(1 / 3) and games[0, 1] == 3
     table.forget("a")
     assert math.isnan(table.win_rate("a", "b"))
+
+
+def test_every_result_of_a_pair_decays_its_counts_whatever_the_seats_and_game():
+    # L beats S four times as the first player, then loses four times as the second: the same
+    # decayed counts as the same eight results from one seat.
+    alternating, one_seat = PayoffTable(decay=0.5), PayoffTable(decay=0.5)
+    alternating.extend([_match("L", "S", 1.0)] * 4 + [_match("S", "L", 1.0)] * 4)
+    one_seat.extend([_match("L", "S", 1.0)] * 4 + [_match("L", "S", -1.0)] * 4)
+    losses = 1 + 0.5 + 0.25 + 0.125
+    wins = losses / 16  # decayed by the four losses after them
+    for table in (alternating, one_seat):
+        tally = table.tally("L", "S")
+        assert (tally.wins, tally.losses) == pytest.approx((wins, losses))
+        assert table.win_rate("L", "S") == pytest.approx(wins / (wins + losses))  # 0.059
+        assert table.win_rate("S", "L") == pytest.approx(losses / (wins + losses))
+    # A result in another game decays the pair's counts in this one too.
+    alternating.add(_match("L", "S", 0.0, game="kuhn_poker"))
+    assert alternating.tally("L", "S", "tictactoe").games == pytest.approx((wins + losses) / 2)
+    # At AlphaStar's decay the counts hold the pair's last hundred or so games, the learner
+    # alternating seats or not.
+    table = PayoffTable(decay=0.99)
+    table.extend([_match("a", "b", 1.0), _match("b", "a", 1.0)] * 1000)
+    assert table.tally("a", "b").games == pytest.approx(100, rel=1e-6)
+
+
+def _played(step: int, first: str, second: str, reward_first: float, game: str) -> Trajectory:
+    result = MatchResult(game, step, (first, second), (reward_first, -reward_first), (0, 0), 5, "game_over", "main")
+    return Trajectory(result, ())
+
+
+def test_a_league_read_back_from_its_store_has_the_payoff_it_recorded(tmp_path):
+    config = load_config(
+        None,
+        [
+            f"run_dir={tmp_path}",
+            "games={tictactoe: 1, kuhn_poker: 1}",
+            "league.enabled=true",
+            "league.payoff_decay=0.5",
+        ],
+    )
+    store = LeagueStore(RunDir(tmp_path).league_store)
+    store.add_players([*initial_players(config), _snapshot("main@000000")])
+    league = League(config, store)
+    # The main player wins from both seats in both games, then loses so.
+    for step, reward in ((1, 1.0), (2, -1.0)):
+        played = [_played(step, "main", "main@000000", reward, "tictactoe")]
+        played.append(_played(step, "main@000000", "main", -reward, "kuhn_poker"))
+        league.record_step(step, played, {"main": step}, lambda learner, name: f"{name}.safetensors")
+    # Each game's two wins decayed by the three and two results after them: 0.125 + 0.25 over 1.875.
+    assert league.payoff.win_rate("main", "main@000000") == pytest.approx(0.2)
+    assert league.payoff.win_rate("main", "main@000000", "kuhn_poker") == pytest.approx(0.25 / 1.25)
+    league.close()
+    with LeagueStore(RunDir(tmp_path).league_store) as reopened:
+        read_back = League(config, reopened).payoff
+    assert read_back.tallies == league.payoff.tallies and read_back.returns == league.payoff.returns
+    # `league show` and its payoff.csv give the same counts, seat by seat.
+    show(tmp_path, 0.5, tmp_path / "csv")
+    rows = list(csv.DictReader((tmp_path / "csv" / "payoff.csv").open()))
+    assert {
+        (row["game"], row["role"], row["opponent_role"], row["player"], row["opponent"]): float(row["wins"])
+        for row in rows
+    } == {(*slot, *pair): tally.wins for pair, slots in league.payoff.tallies.items() for slot, tally in slots.items()}
 
 
 def test_online_ratings_move_winners_up_skip_self_play_and_inherit():
@@ -420,6 +488,11 @@ def test_an_exploiter_hunts_the_main_snapshot_and_population_of_its_restart(tmp_
         # PFSP over a population it has not met yet: even odds.
         assert league.target_weights(league_exploiter) == pytest.approx(
             dict.fromkeys(league.pool(league_exploiter), 1 / 3)
+        )
+        # That population stays, but PFSP's weights over it follow the exploiter's results as it hunts.
+        league.payoff.extend([_match("league_exploiter_0", "main@000000", 1.0, game="kuhn_poker")] * 4)
+        assert league.target_weights(league_exploiter) == pytest.approx(
+            {"main@000002": 0.5, "league_exploiter_0@000002": 0.5}
         )
         hunting = [m.players for m in league.schedule(4) if m.owner == "main_exploiter_0"]
         assert hunting and {name for players in hunting for name in players} == {"main_exploiter_0", "main@000000"}

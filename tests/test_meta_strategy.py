@@ -95,6 +95,21 @@ def test_a_pure_saddle_point():
     assert value == pytest.approx(2.0)
 
 
+def test_identical_strategies_share_their_weight_evenly():
+    # Two copies of one player, which only draw: every mixture is maximin, and the copies split it.
+    mixture, value = zero_sum_nash(np.zeros((2, 2)))
+    assert mixture == pytest.approx([0.5, 0.5]) and value == pytest.approx(0.0, abs=1e-9)
+    # Rock, paper and scissors twice (a copy of a snapshot): the scissors' third is split between the
+    # copies, the copies' rows differing by less than a rounding error.
+    scissors = [-1, 1, 0, 0]
+    doubled = np.array([[0, -1, 1, 1], [1, 0, -1, -1], scissors, np.add(scissors, 1e-12)])
+    mixture, value = zero_sum_nash(doubled)
+    assert mixture == pytest.approx([1 / 3, 1 / 3, 1 / 6, 1 / 6]) and value == pytest.approx(0.0, abs=1e-9)
+    # A dominated strategy's copies get nothing, and the rest keeps its order.
+    mixture, _ = zero_sum_nash(np.array([[0.5, -2], [1, -1], [0.5, -2], [-1, 1]]))
+    assert mixture == pytest.approx([0, 0.5, 0, 0.5], abs=1e-9)
+
+
 @pytest.mark.parametrize("payoff", [np.zeros((0, 2)), np.zeros(3), np.array([[1.0, NAN]])])
 def test_zero_sum_nash_rejects_malformed_matrices(payoff):
     with pytest.raises(ValueError):

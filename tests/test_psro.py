@@ -140,6 +140,20 @@ def test_the_main_player_meets_the_solved_mixture_and_unmet_pairs_get_evaluation
     league.close()
 
 
+def test_the_meta_strategy_is_solved_again_when_a_player_joins_though_no_entry_changes(tmp_path):
+    league = _league(tmp_path)  # psro_min_games=4
+    # B wins 1 in every game: its mean return stays 1 while its game count reaches the minimum.
+    league.payoff.extend([_match("B", "A", 1.0)] * 2)
+    assert league.meta_strategy("nash", KUHN, ["A", "B"]) == {"A": 1.0}  # B has not joined yet
+    league.payoff.extend([_match("B", "A", 1.0)] * 2)
+    assert league.meta_strategy("nash", KUHN, ["A", "B"]) == pytest.approx({"B": 1.0})
+    # C and D beat both alike and only draw each other: once both have joined, they share the weight.
+    league.payoff.extend([_match(a, b, 1.0) for a in "CD" for b in "AB" for _ in range(4)])
+    league.payoff.extend([_match("C", "D", 0.0)] * 4)
+    assert league.meta_strategy("nash", KUHN, list("ABCD")) == pytest.approx({"C": 0.5, "D": 0.5})
+    league.close()
+
+
 def test_exact_payoffs_fill_the_meta_game_at_once_and_ask_each_ordered_pair_once(tmp_path):
     beats = {("p", "r"), ("s", "p"), ("r", "s"), ("x", "r"), ("x", "p"), ("x", "s")}
     asked = []

@@ -8,9 +8,11 @@ rule does (`exploiter_stopping`), exploiters then restarting from their initial 
 retires snapshots beyond the population cap. All of it is a function of the store's records,
 so a resumed run rebuilds the league exactly.
 
-An exploiter's target stays fixed while it trains: its `main` rule draws the main player's
+An exploiter's opponents stay fixed while it trains: its `main` rule draws the main player's
 snapshot taken when it (re)started (one is taken then if the main player was not frozen that
-step), and its rules over past players draw from the population as it stood then.
+step), and its rules over past players draw from the population as it stood then. The weights
+over that population may move: PFSP's follow the exploiter's win rates as the payoff table
+records its games, and a psro rule's mixture is solved again as its meta-game fills.
 
 A run without `league.enabled` is a league of one: the main player alone, matched as its
 `opponents` say, with no store, and nothing recorded.
@@ -88,6 +90,8 @@ def roles_of(game: str) -> tuple[str, ...]:
 
 # (game, player, opponent) -> the player's expected return against the opponent, averaged over the seats.
 ExactReturn = Callable[[str, str, str], float]
+# What a meta-strategy is solved from: the meta-game's members (indices) and their mean returns' bytes.
+MetaGameKey = tuple[tuple[int, ...], bytes]
 
 
 class League:
@@ -102,8 +106,8 @@ class League:
         self.payoff = PayoffTable(config.league.payoff_decay)
         self.ratings = OnlineRatings()
         self.players: dict[str, LeaguePlayer] = {}
-        # (solver, game, players) -> their mean returns when last solved, and the mixture.
-        self.meta_solutions: dict[tuple[str, str, tuple[str, ...]], tuple[bytes, dict[str, float]]] = {}
+        # (solver, game, players) -> what the mixture was last solved from, and the mixture.
+        self.meta_solutions: dict[tuple[str, str, tuple[str, ...]], tuple[MetaGameKey, dict[str, float]]] = {}
         # Each exploiter's results against its target since it (re)started, in the order played.
         self.target_scores: dict[str, list[float]] = defaultdict(list)
         # Replay the store: each step's matches, then the snapshots taken after them.
@@ -355,7 +359,9 @@ class League:
         if not players:
             return {}
         means, games = self._meta_game(players, game)
-        key = means.tobytes()
+        # The mixture depends on who has joined and on the entries between them, nothing else.
+        joined = members(games, self.config.league.psro_min_games)
+        key = tuple(joined), means[np.ix_(joined, joined)].tobytes()
         solved = self.meta_solutions.get((solver, game, tuple(players)))
         if solved is None or solved[0] != key:
             weights = solve_meta_game(solver, means, games, self.config.league.psro_min_games)

@@ -1,11 +1,12 @@
 """The payoff table: how each player fares against each other, per game and role pairing.
 
-Two records per ordered pair of players:
+Two records per ordered pair of players, each kept per (game, role pairing):
 
 - win, draw and loss counts, decayed as AlphaStar's are: each new result between two players
-  first multiplies their counts by `decay`, so a player's win rate (wins plus half the draws,
-  over games) follows the opponent it faces now rather than every version of it ever met.
-  Matchmaking (PFSP) and the snapshot rule read these.
+  first multiplies all their counts by `decay`, whatever the game and seats of either, so the
+  counts remember about 1 / (1 - decay) of the pair's latest results, and a player's win rate
+  (wins plus half the draws, over games) follows the opponent it faces now rather than every
+  version of it ever met. Matchmaking (PFSP), the snapshot rule and eviction read these.
 - the returns, undecayed: every game counts once, with the sum and the sum of squares of the
   return (player a's reward less b's, halved: a's reward itself in a two-player zero-sum game),
   so that an entry carries an interval. `Returns.interval` is mean +- 1.96 standard errors, the
@@ -39,9 +40,11 @@ class Tally:
     def games(self) -> float:
         return self.wins + self.draws + self.losses
 
-    def add(self, outcome: float, decay: float) -> None:
-        """Decay the counts, then count one result: 1 a win, 0.5 a draw, 0 a loss."""
-        self.wins, self.draws, self.losses = decay * self.wins, decay * self.draws, decay * self.losses
+    def decay(self, factor: float) -> None:
+        self.wins, self.draws, self.losses = factor * self.wins, factor * self.draws, factor * self.losses
+
+    def add(self, outcome: float) -> None:
+        """Count one result: 1 a win, 0.5 a draw, 0 a loss."""
         if outcome > 0.5:
             self.wins += 1
         elif outcome < 0.5:
@@ -105,15 +108,19 @@ def pairwise_outcomes(match: LeagueMatch) -> Iterable[tuple[int, int, float]]:
 class PayoffTable:
     def __init__(self, decay: float = 1.0):
         self.decay = decay
-        self.tallies: dict[Slot, dict[tuple[str, str], Tally]] = defaultdict(lambda: defaultdict(Tally))
-        self.returns: dict[Slot, dict[tuple[str, str], Returns]] = defaultdict(lambda: defaultdict(Returns))
+        # Per ordered pair of players, then per slot: a result decays every slot of its pair.
+        self.tallies: dict[tuple[str, str], dict[Slot, Tally]] = defaultdict(lambda: defaultdict(Tally))
+        self.returns: dict[tuple[str, str], dict[Slot, Returns]] = defaultdict(lambda: defaultdict(Returns))
 
     def add(self, match: LeagueMatch) -> None:
         for i, j, outcome in pairwise_outcomes(match):
             slot = (match.game, match.roles[i], match.roles[j])
             pair = match.players[i], match.players[j]
-            self.tallies[slot][pair].add(outcome, self.decay)
-            self.returns[slot][pair].add((match.rewards[i] - match.rewards[j]) / 2)
+            tallies = self.tallies[pair]
+            for tally in tallies.values():
+                tally.decay(self.decay)
+            tallies[slot].add(outcome)
+            self.returns[pair][slot].add((match.rewards[i] - match.rewards[j]) / 2)
 
     def extend(self, matches: Iterable[LeagueMatch]) -> None:
         for match in matches:
@@ -122,20 +129,17 @@ class PayoffTable:
     def forget(self, player: str) -> None:
         """Drop every result involving `player`."""
         for records in (self.tallies, self.returns):
-            for pairs in records.values():
-                for pair in [pair for pair in pairs if player in pair]:
-                    del pairs[pair]
+            for pair in [pair for pair in records if player in pair]:
+                del records[pair]
 
     def tally(self, a: str, b: str, game: str | None = None) -> Tally:
         """a's decayed results against b, summed over the role pairings (of `game`, or of all games)."""
         total = Tally()
-        for (slot_game, _, _), pairs in self.tallies.items():
+        for (slot_game, _, _), found in self.tallies.get((a, b), {}).items():
             if game is None or slot_game == game:
-                found = pairs.get((a, b))
-                if found is not None:
-                    total.wins += found.wins
-                    total.draws += found.draws
-                    total.losses += found.losses
+                total.wins += found.wins
+                total.draws += found.draws
+                total.losses += found.losses
         return total
 
     def win_rate(self, a: str, b: str, game: str | None = None) -> float:
@@ -159,9 +163,9 @@ class PayoffTable:
     def pair_returns(self, a: str, b: str, game: str | None = None) -> Returns:
         """a's returns against b, pooled over the role pairings (of `game`, or of all games)."""
         total = Returns()
-        for (slot_game, _, _), pairs in self.returns.items():
-            if (game is None or slot_game == game) and (a, b) in pairs:
-                total.merge(pairs[a, b])
+        for (slot_game, _, _), found in self.returns.get((a, b), {}).items():
+            if game is None or slot_game == game:
+                total.merge(found)
         return total
 
     def return_matrix(

@@ -230,8 +230,8 @@ def _write_csv(directory: Path, rows, players, matches, ratings, table: PayoffTa
             "draws": tally.draws,
             "losses": tally.losses,
         }
-        for (game, role, opponent_role), pairs in table.tallies.items()
-        for (player, opponent), tally in pairs.items()
+        for (player, opponent), slots in table.tallies.items()
+        for (game, role, opponent_role), tally in slots.items()
     ]
     _csv(directory / "payoff.csv", payoff)
 
