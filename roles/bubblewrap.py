@@ -260,10 +260,15 @@ _LDD_LINE = re.compile(r"(?:=>\s*)?(/\S+)\s+\(0x[0-9a-f]+\)")
 
 
 def _shared_libraries(binaries: list[Path]) -> set[Path]:
-    """Every shared library (and the dynamic loader) the binaries load, by `ldd`."""
+    """Every shared library (and the dynamic loader) the binaries load, by `ldd`, under the loader
+    settings of the jail, which starts with a clear environment: none of this process's LD_*
+    variables (vLLM on CPU sets LD_PRELOAD in the trainer's own environment, for instance)."""
+    environment = {name: value for name, value in os.environ.items() if not name.startswith("LD_")}
     found: set[Path] = set()
     for binary in binaries:
-        listing = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=False).stdout
+        listing = subprocess.run(
+            ["ldd", str(binary)], capture_output=True, text=True, check=False, env=environment
+        ).stdout
         found.update(Path(m[1]) for m in _LDD_LINE.finditer(listing))
     return found
 

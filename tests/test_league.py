@@ -189,6 +189,7 @@ def test_a_league_read_back_from_its_store_has_the_payoff_it_recorded(tmp_path):
             "games={tictactoe: 1, kuhn_poker: 1}",
             "league.enabled=true",
             "league.payoff_decay=0.5",
+            "league.snapshot_min_games=1",
         ],
     )
     store = LeagueStore(RunDir(tmp_path).league_store)

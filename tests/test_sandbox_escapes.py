@@ -408,3 +408,14 @@ def test_the_jails_tree_takes_only_files_everyone_may_read_and_copies_allow_no_m
     private = os.path.realpath(tmp_path / "install" / "private.py")
     with pytest.raises(UserError, match=re.escape(f"`chmod o+r {private}`")):
         bubblewrap._place(root, tmp_path / "install" / "private.py", needed=True)
+
+
+def test_the_jail_takes_the_libraries_the_interpreter_loads_under_the_jails_own_loader_settings(monkeypatch):
+    # vLLM on CPU sets LD_PRELOAD in the trainer's environment; the jail starts with a clear one.
+    import torch
+
+    preloaded = next((Path(torch.__file__).parent / "lib").glob("libgomp*.so*"))
+    python = Path(bubblewrap._real_executable())
+    monkeypatch.setenv("LD_PRELOAD", str(preloaded))
+    assert preloaded.name in subprocess.run(["ldd", str(python)], capture_output=True, text=True).stdout
+    assert all(library.name != preloaded.name for library in bubblewrap._shared_libraries([python]))

@@ -23,6 +23,9 @@ from selfplay.errors import UserError
 from selfplay.run_dir import RunDir
 from selfplay.train import Trainer, train_command
 
+# Ray clusters and several learner processes each want the cores to themselves: one worker runs them all.
+pytestmark = pytest.mark.xdist_group("whole_machine")
+
 STEPS = 3
 RUN = [
     f"steps={STEPS}",

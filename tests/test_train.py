@@ -97,6 +97,7 @@ def test_a_bf16_backend_is_sent_the_learners_weights_in_bf16(tiny_model_dir, tmp
     run_dir = tmp_path / "run"
     overrides = [
         *TINY,
+        "steps=1",  # a sync after one step shows it; the CPUs here emulate bf16, slowly
         "backend_precision=bf16",
         "learner.precision=bf16",
         f"model={tiny_model_dir}",

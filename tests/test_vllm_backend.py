@@ -121,12 +121,12 @@ def test_generations_are_well_formed(backend, prompts, tokenizer, hf_model):
 def test_same_seed_same_outputs(backend, prompts):
     sampling = SamplingSettings(max_new_tokens=32, temperature=1.0, seed=7)
     first = backend.generate(prompts, sampling)
-    assert backend.generate(prompts, sampling) == first
+    assert_same_samples(backend.generate(prompts, sampling), first)
     other = backend.generate(prompts, SamplingSettings(max_new_tokens=32, temperature=1.0, seed=8))
     assert any(a.token_ids != b.token_ids for a, b in zip(first, other))
     # Each prompt's seed depends on its index: the same prompt twice gets two samples.
     twice = backend.generate([prompts[0], prompts[0]], sampling)
-    assert twice[0] == first[0]
+    assert_same_samples(twice[:1], first[:1])
     assert twice[0].token_ids != twice[1].token_ids
     # Greedy ignores the seed.
     greedy = [backend.generate(prompts[:3], SamplingSettings(16, temperature=0.0, seed=s)) for s in (1, 2)]
@@ -286,12 +286,12 @@ def test_load_state_serves_what_the_same_weights_by_file_serve(backend, prompts,
         with pytest.raises(ValueError, match=re.escape(message)):
             backend.load_state(iter(stream), version=5)
         assert backend.version == 4
-    assert backend.generate(prompts, sampling) == by_stream
+    assert_same_samples(backend.generate(prompts, sampling), by_stream)
     # Nothing of a refused stream waits in the worker for the next one.
     assert backend.llm.collective_rpc("selfplay_stage_weights", args=([], b"")) == [0]
 
     backend.load_weights(save_weights(weights, tmp_path / "learner.safetensors"), version=4)
-    assert backend.generate(prompts, sampling) == by_stream
+    assert_same_samples(backend.generate(prompts, sampling), by_stream)
 
 
 def test_a_second_bf16_engine_serves_the_learners_fp32_weights_and_close_releases_it(
@@ -317,6 +317,16 @@ def test_a_second_bf16_engine_serves_the_learners_fp32_weights_and_close_release
     engine.close()  # idempotent
     _, alive = psutil.wait_procs([psutil.Process(pid) for pid in started if psutil.pid_exists(pid)], timeout=10)
     assert not alive
+
+
+def assert_same_samples(got, expected):
+    """The same tokens, text, ends and versions, and log-probs equal to rounding: vLLM's CPU kernels
+    may sum in another order once weights are reloaded or a batch is made up otherwise (4e-6 seen
+    after a reload by file of the weights a stream loaded)."""
+    fields = [[(g.token_ids, g.text, g.finish_reason, g.policy_version) for g in gens] for gens in (got, expected)]
+    assert fields[0] == fields[1]
+    for g, e in zip(got, expected):
+        assert g.logprobs == pytest.approx(e.logprobs, abs=1e-5)
 
 
 def perturbed(model, scale: float = 0.05):

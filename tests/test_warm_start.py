@@ -121,13 +121,14 @@ def test_the_random_player_prefers_moves_by_state():
     assert all(d.move_probs == pytest.approx([1 / len(d.legal_moves)] * len(d.legal_moves)) for d in uniform)
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_warm_start_lowers_the_loss_and_saves_a_loadable_model(untrained, tmp_path, precision):
+# bf16 takes 6 steps: CPUs without bf16 instructions emulate it, at about 7 s a step on 2 cores.
+@pytest.mark.parametrize(("precision", "steps"), [("fp32", 24), ("bf16", 6)])
+def test_warm_start_lowers_the_loss_and_saves_a_loadable_model(untrained, tmp_path, precision, steps):
     out = tmp_path / "warm"
     result = warm_start(
         untrained,
         out,
-        steps=24,
+        steps=steps,
         batch_size=4,
         lr=3e-3,
         seed=0,
@@ -136,8 +137,9 @@ def test_warm_start_lowers_the_loss_and_saves_a_loadable_model(untrained, tmp_pa
         progress=False,
     )
     losses = result["losses"]
-    assert len(losses) == 24
-    assert sum(losses[-4:]) / 4 < 0.5 * sum(losses[:4]) / 4
+    assert len(losses) == steps
+    window = steps // 6
+    assert sum(losses[-window:]) / window < 0.5 * sum(losses[:window]) / window
     model = transformers.AutoModelForCausalLM.from_pretrained(out)
     assert all(p.dtype == torch.float32 for p in model.parameters())  # autocast leaves weights fp32
     tok = transformers.AutoTokenizer.from_pretrained(out)
