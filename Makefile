@@ -34,7 +34,7 @@ test: $(BIN)/selfplay
 	$(BIN)/ruff format --check .
 	$(PYTEST) --durations=15
 
-# The inner loop: every test but the end-to-end ones marked slow.
+# The inner loop: every test but those marked slow (end-to-end runs, engines, Ray, the real model).
 test-fast: $(BIN)/selfplay
 	$(PYTEST) -m "not slow"
 

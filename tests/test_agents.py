@@ -161,6 +161,7 @@ def test_nash_policy_is_in_the_kuhn_equilibrium_family(kuhn_nash):
     assert bet("1pb") == pytest.approx(alpha + 1 / 3, abs=0.05)
 
 
+@pytest.mark.slow
 def test_nash_beats_random_at_kuhn_poker_and_is_deterministic():
     results = play_series("kuhn_poker", ["nash", "random"], 2000, seed=0, progress=False)
     records = _records(results)

@@ -351,6 +351,7 @@ def files(tmp_path, micro_model_dir):
     return tmp_path
 
 
+@pytest.mark.slow
 def test_play_eval_league_and_games_with_bad_arguments_answer_in_one_line(micro_model_dir, files, workdir, capsys):
     cases = [*play_cases(micro_model_dir), *eval_cases(micro_model_dir, files), *league_cases(files)]
     codes = [run_cli(argv, capsys) for argv in cases]

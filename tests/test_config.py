@@ -159,6 +159,7 @@ def test_yaml_aliases_may_share_values_but_not_expand_without_bound(tmp_path):
         load_config(bomb)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
 def test_shipped_configs_validate(path):
     validate(load_config(path))

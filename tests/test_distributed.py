@@ -18,7 +18,7 @@ import torch
 ray = pytest.importorskip("ray")
 
 # Ray clusters and several learner processes each want the cores to themselves: one worker runs them all.
-pytestmark = pytest.mark.xdist_group("whole_machine")
+pytestmark = [pytest.mark.xdist_group("whole_machine"), pytest.mark.slow]
 
 from selfplay.backends import SamplingSettings, save_weights  # noqa: E402
 from selfplay.config import DistributedConfig, load_config  # noqa: E402

@@ -467,6 +467,7 @@ def trained_run(training):
     return training[0]
 
 
+@pytest.mark.slow
 def test_training_logs_evaluations_to_tensorboard(trained_run):
     events = EventAccumulator(str(RunDir(trained_run).tensorboard))
     events.Reload()
@@ -539,6 +540,7 @@ def test_eval_of_a_run_leaves_out_its_damaged_checkpoints_and_names_them(trained
     assert {m["candidate"] for m in results["matches"]} == {"run/step-000002"}
 
 
+@pytest.mark.slow
 def test_a_tiny_suite_evaluates_end_to_end_and_repeats_exactly(trained_run, tmp_path, capsys):
     suite = tmp_path / "tiny.yaml"
     suite.write_text("games: [kuhn_poker, tictactoe]\nopponents: [random, nash]\nepisodes: 6\n")

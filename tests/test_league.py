@@ -317,6 +317,7 @@ def _files(directory: Path) -> dict[str, bytes]:
     return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow
 def test_league_show_prints_standings_payoff_lineage_and_meta_strategy(tiny_model_dir, tmp_path, capsys):
     run_dir = tmp_path / "run"
     overrides = [
@@ -422,6 +423,7 @@ def test_role_games_train_in_the_league_with_role_slots(tiny_model_dir, tmp_path
     assert seated == {("main", "random"), ("main", "main")}
 
 
+@pytest.mark.slow
 def test_exploiters_learn_at_league_exploiter_lr_and_the_main_player_at_learner_lr(tiny_model_dir, tmp_path):
     overrides = [*LEAGUE, "steps=1", "league.exploiter_lr=2e-3", f"model={tiny_model_dir}", f"run_dir={tmp_path}"]
     trainer = Trainer(load_config(None, overrides), progress=False)
@@ -431,6 +433,7 @@ def test_exploiters_learn_at_league_exploiter_lr_and_the_main_player_at_learner_
     assert metrics["learner/lr"] == 1e-2 and metrics["main_exploiter_0/learner/lr"] == 2e-3
 
 
+@pytest.mark.slow
 def test_a_restarted_exploiter_warms_up_again_at_a_rate_the_run_schedule_does_not_decay(tiny_model_dir, tmp_path):
     overrides = [
         *LEAGUE,  # three steps, a snapshot (and an exploiter restart) after step 2
@@ -454,6 +457,7 @@ def test_a_restarted_exploiter_warms_up_again_at_a_rate_the_run_schedule_does_no
     assert {trainer.players[name].learner.config.kl_coef for name in ("main_exploiter_0", "league_exploiter_0")} == {0}
 
 
+@pytest.mark.slow
 def test_exploiters_can_restart_from_the_main_players_weights(tiny_model_dir, tmp_path):
     overrides = [*LEAGUE, "steps=2", "league.exploiter_init=main", f"model={tiny_model_dir}", f"run_dir={tmp_path}"]
     with pytest.raises(UserError, match="exploiter_lora_rank=0"):

@@ -98,6 +98,7 @@ def test_masked_scoring_is_the_softmax_over_the_allowed_tokens(hf_model, tokeniz
     assert free_entropy.min().item() > 0
 
 
+@pytest.mark.slow
 def test_legal_sampling_writes_a_choice_drawn_from_the_masked_probabilities(tiny_model_dir, hf_model, tokenizer):
     backend = make_backend("hf", str(tiny_model_dir))
     turns = turns_with_choices(tokenizer)
@@ -175,6 +176,7 @@ def test_a_frozen_backend_runs_each_context_once_alone_and_forgets_on_new_weight
     assert len(batches_run) == 2 * contexts
 
 
+@pytest.mark.slow
 def test_rollouts_under_legal_decoding_play_no_invalid_move(tiny_model_dir, tokenizer):
     backend = make_backend("hf", str(tiny_model_dir))
     games = ("tictactoe", "kuhn_poker", "connect_four", "nim")

@@ -121,6 +121,7 @@ ROCK_PAPER_SCISSORS_AND_A_DUD = np.array(
 )  # the dud loses 1 to each of rock, paper and scissors
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("solver", SOLVERS)
 def test_each_meta_solver_plays_rock_paper_scissors_uniformly_and_never_the_dud(solver):
     # PRD's answer is a time average that starts uniform and keeps every strategy above a floor,
@@ -129,6 +130,7 @@ def test_each_meta_solver_plays_rock_paper_scissors_uniformly_and_never_the_dud(
     assert solve(solver, ROCK_PAPER_SCISSORS_AND_A_DUD) == pytest.approx([1 / 3] * 3 + [0], abs=tolerance)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("solver", SOLVERS)
 def test_each_meta_solver_puts_the_weight_on_a_strategy_that_beats_every_other(solver):
     transitive = np.array([[0, 1, 1], [-1, 0, 1], [-1, -1, 0]], dtype=float)

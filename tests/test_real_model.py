@@ -40,6 +40,9 @@ from selfplay.prompts import Message, PromptStyle, batch_prompt_ids, opening_mes
 from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
 from selfplay.scoring import response_logprobs
 
+# Each test reads SmolLM2-135M, converted once a run from its GGUF (tens of seconds).
+pytestmark = pytest.mark.slow
+
 END_OF_TURN = "<|im_end|>"  # SmolLM2's; its end of text, <|endoftext|>, ends no chat turn
 # The largest gaps measured (2 cores, float32) between a sampler's log-probability of a token and
 # its recomputation by transformers as the learner scores it, over the decisions below with free

@@ -168,6 +168,7 @@ def test_truncated_responses_are_invalid_moves(hf_backend, tokenizer):
     assert [t.retried_penalty for t in trajectory.turns] == [-1.5, None]
 
 
+@pytest.mark.slow
 def test_mixed_batch_with_a_real_backend_is_well_formed_and_reproducible(hf_backend, tokenizer):
     matches, players, settings, first = play_mixed_batch(hf_backend, tokenizer)
     assert list(RolloutEngine(players, settings).run(matches)) == first

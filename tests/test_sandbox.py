@@ -329,6 +329,7 @@ def test_verify_gives_a_task_one_verdict_and_run_its_accepted_output():
     assert sandbox.run("def f(x):\n    return list(set(x))", "f", "['a', 'b']") == accepted
 
 
+@pytest.mark.slow
 def test_verify_accepts_every_deterministic_task_and_refuses_every_nondeterministic_one():
     """A seeded sample of benchmarks/sandbox_determinism.py's classes that the check catches in full."""
     tasks = generate(DETERMINISTIC, 2, seed=1) + generate(NONDETERMINISTIC, 3, seed=1)
@@ -343,6 +344,7 @@ def test_verify_accepts_deterministic_output():
     )
 
 
+@pytest.mark.slow
 def test_many_concurrent_verifications_finish_in_order_within_their_timeouts():
     good = "def f(x):\n    return [i * i for i in range(x)]"
     loop = "def f(x):\n    while True:\n        pass"

@@ -24,7 +24,7 @@ from selfplay.run_dir import RunDir
 from selfplay.train import Trainer, train_command
 
 # Ray clusters and several learner processes each want the cores to themselves: one worker runs them all.
-pytestmark = pytest.mark.xdist_group("whole_machine")
+pytestmark = [pytest.mark.xdist_group("whole_machine"), pytest.mark.slow]
 
 STEPS = 3
 RUN = [

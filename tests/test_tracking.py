@@ -162,6 +162,7 @@ def test_a_run_and_its_resume_log_the_same_scalars_to_tensorboard_wandb_and_mlfl
     assert run.info.status == "FINISHED"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("asked", [[], ["wandb"], ["mlflow"]], ids=["neither", "wandb", "mlflow"])
 def test_only_the_trackers_asked_for_are_imported(tmp_path, offline_wandb, asked):
     pytest.importorskip("mlflow")

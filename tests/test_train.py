@@ -66,6 +66,7 @@ def test_without_a_league_the_main_player_owns_every_match_seats_alternating_sta
     assert len({m.seed for m in grouped}) == len(grouped) // 4
 
 
+@pytest.mark.slow
 def test_training_moves_weights_syncs_the_backend_and_resumes(tiny_model_dir, tmp_path):
     run_dir = tmp_path / "run"
     config = load_config(None, [*TINY, f"model={tiny_model_dir}", f"run_dir={run_dir}"])
@@ -93,6 +94,7 @@ def test_training_moves_weights_syncs_the_backend_and_resumes(tiny_model_dir, tm
     assert logged_steps(run_dir) == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_a_bf16_backend_is_sent_the_learners_weights_in_bf16(tiny_model_dir, tmp_path):
     run_dir = tmp_path / "run"
     overrides = [
@@ -132,6 +134,7 @@ def test_bf16_on_a_cpu_that_emulates_it_warns_which_settings_to_change(
         assert "Set backend_precision=fp32" in warned_backend and "learner.precision" not in warned_backend
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "learner", [[], ["learner.kl_coef=0.5", "learner.reference_update_every=1"]], ids=["plain", "moving_reference"]
 )
@@ -153,6 +156,7 @@ def test_resume_replays_a_lost_step_exactly(tiny_model_dir, tmp_path, learner):
     assert logged_steps(broken) == [1, 2]
 
 
+@pytest.mark.slow
 def test_a_run_whose_every_answer_is_invalid_warns_once_that_it_has_collapsed(tiny_model_dir, tmp_path, capsys):
     # One token cannot hold a \boxed{} answer, so every answer is invalid.
     collapsed = [*TINY, "rollout.max_new_tokens=1", "checkpoint_every=100", f"model={tiny_model_dir}"]
@@ -168,6 +172,7 @@ def test_a_run_whose_every_answer_is_invalid_warns_once_that_it_has_collapsed(ti
     assert f"steps 1-{COLLAPSE_STEPS} was invalid" in out and "learner.lr" in out and "learner.kl_coef" in out
 
 
+@pytest.mark.slow
 def test_a_run_without_evaluations_ends_with_its_last_steps_figures_and_where_to_look_further(
     tiny_model_dir, tmp_path, capsys
 ):
@@ -189,6 +194,7 @@ def test_a_run_without_evaluations_ends_with_its_last_steps_figures_and_where_to
     assert "tensorboard" not in out  # it logged none
 
 
+@pytest.mark.slow
 def test_the_progress_bar_times_the_training_steps_alone(tiny_model_dir, tmp_path, monkeypatch, capsys):
     """Its rate and ETA leave out the evaluations (before training and between steps): each
     step takes two seconds and each evaluation far longer on the bar's clock."""
@@ -279,6 +285,7 @@ def test_a_new_league_run_in_the_directory_of_one_that_saved_nothing_starts_its_
     trainer.close()
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_from_its_last_checkpoint(tiny_model_dir, tmp_path, capsys):
     """kill -9 in the middle of a run: the resumed run starts after the last complete
     checkpoint, finishes, and has logged every step exactly once. While the run was alive, its
@@ -309,6 +316,7 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(tiny_model_dir, tmp_path,
     assert logged_steps(run_dir) == list(range(1, saved[-1] + 3))
 
 
+@pytest.mark.slow
 def test_a_moving_reference_moves_the_main_learners_and_leaves_lora_exploiters_on_their_base(tiny_model_dir, tmp_path):
     overrides = [
         *TINY,
@@ -348,6 +356,7 @@ def run_copy(finished_run, tmp_path):
     return shutil.copytree(finished_run, tmp_path / "run")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damaged", ["model.safetensors", "optimizer.safetensors", "rng.safetensors"])
 def test_a_cut_short_file_makes_resume_pass_over_its_checkpoint_with_a_warning(run_copy, capsys, damaged):
     last = RunDir(run_copy).checkpoints / "step-000003"
@@ -381,6 +390,7 @@ def test_resuming_a_run_at_or_past_its_steps_says_so(run_copy, capsys):
     assert {p.name: p.stat().st_mtime_ns for p in list_checkpoints(run_copy)} == checkpoints
 
 
+@pytest.mark.slow
 def test_a_kill_while_pruning_leaves_no_checkpoint_that_looks_complete(run_copy, monkeypatch):
     remove = shutil.rmtree
 
@@ -402,6 +412,7 @@ def test_a_kill_while_pruning_leaves_no_checkpoint_that_looks_complete(run_copy,
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step-000004", "step-000005"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "full_disk",
     [
@@ -437,6 +448,7 @@ def test_a_full_disk_stops_the_run_clearly_and_keeps_the_last_checkpoint(run_cop
 HANABI = "openspiel:hanabi(players=2, colors=1, ranks=2, hand_size=2, max_information_tokens=3, max_life_tokens=1)"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "game, opponents, logged",
     [
@@ -464,6 +476,7 @@ def test_cooperative_and_three_player_games_train_end_to_end(tiny_model_dir, tmp
     assert not any(key.startswith("vs/") and "/random" not in key for key in metrics)
 
 
+@pytest.mark.slow
 def test_a_resume_keeps_the_runs_config_and_saves_its_overrides_in_it_with_a_history(run_copy, capsys):
     assert main(["train", "configs/kuhn_poker.yaml", "--resume", str(run_copy), "steps=4"]) == 2
     assert "cannot be given beside it" in capsys.readouterr().err and len(list_checkpoints(run_copy)) == 3

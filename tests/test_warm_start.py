@@ -122,6 +122,7 @@ def test_the_random_player_prefers_moves_by_state():
 
 
 # bf16 takes 6 steps: CPUs without bf16 instructions emulate it, at about 7 s a step on 2 cores.
+@pytest.mark.slow
 @pytest.mark.parametrize(("precision", "steps"), [("fp32", 24), ("bf16", 6)])
 def test_warm_start_lowers_the_loss_and_saves_a_loadable_model(untrained, tmp_path, precision, steps):
     out = tmp_path / "warm"
@@ -149,6 +150,7 @@ def test_warm_start_lowers_the_loss_and_saves_a_loadable_model(untrained, tmp_pa
     assert 0.0 <= rate <= 1.0
 
 
+@pytest.mark.slow
 def test_warm_start_is_deterministic(untrained, tmp_path):
     for name in ("a", "b"):
         warm_start(untrained, tmp_path / name, steps=3, batch_size=2, seed=7, progress=False)
