@@ -22,9 +22,9 @@ carry the noisiest credit.
 The unit an estimator scores is a seat's part of one trajectory: the turns that seat played,
 with the seat's final return ``trajectory.result.rewards[seat]``. An invalid output that the
 game let its player retry (``rollout.retries``) is a unit of its own, scored by the penalty it
-would have ended the game with: the game its retry went on to play is not its doing. A seat with no turns (an
-opponent the caller does not train, whose turns were stripped) touches no baseline or
-statistic. Turns are grouped by ``key(turn)``, by default ``(game, role)``; a seat whose turns
+would have ended the game with: the game its retry went on to play is not its doing. A seat
+with no turns (an opponent the caller does not train, whose turns were stripped) touches no
+baseline or statistic. Turns are grouped by ``key(turn)``, by default ``(game, role)``; a seat whose turns
 fall under several keys counts once under each.
 
 Pure functions of plain data, no torch.
