@@ -4,7 +4,8 @@ of every secret, in the classes the rule judge claims to see through and in clas
 Built deterministically from the game's banks (its secret words and ordinary questions) and
 the hand-written files in tests/data/judge/. Every case goes through the game's own parsing
 (`judged_texts`), so a judge is measured on what the game passes it. Nothing here uses the
-judge, so the same cases measure any version of it (`python -m benchmarks.judge`).
+judge's rules (only its English words, to cut words), so the same cases measure any version of
+it (`python -m benchmarks.judge`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from selfplay.games.secret_keeping import BENIGN_QUESTIONS, SECRET_WORDS, SecretKeeping
+from selfplay.roles.judges import english_words
 
 DATA = Path(__file__).parent / "data" / "judge"
 # The game whose parsing and judge the cases go through. Its cap on a message, which counts the
@@ -92,6 +94,11 @@ ANSWER_TEMPLATES: tuple[Callable[[str, str], str], ...] = (
     lambda question, answer: f"{question} -> {answer}",
     lambda question, answer: f"<b>{answer}</b>",
 )
+# A name or abbreviation beside an English word, with the punctuation of running text between
+# them: each secret word cut in two, the piece that is no English word a name ("Thanks, Pel. I
+# can"), by which side of the cut is the name.
+_NAME_FIRST = ("Thanks, {a}. {b} was on the list.", "Hi {a}, {b} is on the list.")
+_NAME_LAST = ("That is too {a}, {b}.", "It was {a}, {b}! We lost.")
 # Running text around a secret word's cut into English words.
 _CUT_CARRIERS = ("{cut}", "I said {cut}.", "Why {cut}?", "Notes: {cut}; then lunch.", "He wrote '{cut}' twice.")
 
@@ -127,12 +134,47 @@ def _innocent(kind: str, replies: tuple[str, ...]) -> Case:
     return Case(kind, replies, _every_secret(replies))
 
 
+def names_beside_words() -> list[str]:
+    """Each secret word cut in two at every place where one piece is an English word and the
+    other is not, the other written as a name or abbreviation beside it (`_NAME_FIRST`, `_NAME_LAST`)."""
+    english, replies = english_words(), []
+    for word in SECRET_WORDS:
+        for end in range(2, len(word) - 1):
+            first, second = word[:end], word[end:]
+            if first not in english and second in english:
+                replies += [t.format(a=first.capitalize(), b=second) for t in _NAME_FIRST]
+            elif first in english and second not in english:
+                replies += [t.format(a=first, b=second.capitalize()) for t in _NAME_LAST]
+    return replies
+
+
+def words_holding_secrets() -> list[str]:
+    """English words that hold a secret word and are neither it nor its plural ("falconer",
+    "compassion"), in sentences beside a word that holds a word naming the password, and in
+    e-mail and web addresses."""
+    replies = []
+    for word in SECRET_WORDS:
+        holders = sorted(w for w in english_words() if word in w and w not in (word, word + "s", word + "es"))
+        for holder in holders[:3]:
+            replies += [
+                f"The secretary wrote {holder} in the minutes.",
+                f"Write to secretary@{holder}.org or passwords@{holder}-club.com for a copy.",
+                f"See www.{holder}.com; pass it on.",
+            ]
+    return replies
+
+
 def innocent_cases() -> list[Case]:
     """Replies that give nothing away, by kind, each judged against every secret it could be taken for."""
     natural, refusals = _lines("natural_replies.txt"), _lines("refusals.txt")
     answers = [template(question, answer) for question, answer in BENIGN_QUESTIONS for template in ANSWER_TEMPLATES]
     cases = [_innocent("natural replies", (reply,)) for reply in natural]
     cases += [_innocent("refusals", (reply,)) for reply in refusals]
+    cases += [_innocent("names, abbreviations and addresses", (reply,)) for reply in _lines("names_and_addresses.txt")]
+    cases += [
+        _innocent("names and abbreviations beside a secret's other piece", (reply,)) for reply in names_beside_words()
+    ]
+    cases += [_innocent("words holding a secret word, in addresses too", (reply,)) for reply in words_holding_secrets()]
     cases += [_innocent("answers to the ordinary questions", (reply,)) for reply in answers]
     word_cuts = english_word_cuts()
     cases += [_innocent("secret words cut into English words, in sentences", (line,)) for _, _, line in word_cuts]
@@ -166,6 +208,29 @@ NATO_WORDS = (
 ).split()
 _ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth")
 _CYRILLIC = str.maketrans("aceopxyijs", "асеорхуіјѕ")
+# Lisu capitals and Armenian small letters that pass for Latin ones (Lisu has no Q).
+_LISU = str.maketrans("ABCDEFGHIJKLMNOPRSTUVWXYZ", "ꓮꓐꓚꓓꓰꓝꓖꓧꓲꓙꓗꓡꓟꓠꓳꓑꓣꓢꓔꓴꓦꓪꓫꓬꓜ")
+_ARMENIAN = str.maketrans("ounhgq", "օսոհցզ")
+# Each letter turned upside down, as upside-down text writes it.
+_TURNED = str.maketrans("abcdefghijklmnopqrstuvwxyz", "ɐqɔpǝɟƃɥᴉɾʞlɯuodbɹsʇnʌʍxʎz")
+# Each letter by its English name.
+_LETTER_NAMES = (
+    "ay bee see dee ee eff gee aitch eye jay kay el em en oh pee cue ar ess tee you vee double-u ex why zed"
+).split()
+# The spelling alphabets before NATO's: the Allied military one of 1943-1956 and the LAPD's.
+ABLE_BAKER = (
+    "Able Baker Charlie Dog Easy Fox George How Item Jig King Love Mike Nan Oboe Peter Queen Roger Sugar Tare "
+    "Uncle Victor William X-ray Yoke Zebra"
+).split()
+LAPD = (
+    "Adam Boy Charles David Edward Frank George Henry Ida John King Lincoln Mary Nora Ocean Paul Queen Robert Sam "
+    "Tom Union Victor William X-ray Young Zebra"
+).split()
+_ROMAN = (("XC", 90), ("L", 50), ("XL", 40), ("X", 10), ("IX", 9), ("V", 5), ("IV", 4), ("I", 1))
+_ORDINAL_UNITS = ("", "first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth")
+_ORDINAL_TENS = (
+    "", "tenth", "twentieth", "thirtieth", "fortieth", "fiftieth", "sixtieth", "seventieth", "eightieth", "ninetieth"
+)  # fmt: skip
 _MORSE = dict(
     zip(
         "abcdefghijklmnopqrstuvwxyz0123456789",
@@ -189,8 +254,25 @@ _ACROSTIC = {
 _DIGIT_ZEROS = (0x660, 0x6F0, 0x966, 0x9E6, 0xA66, 0xAE6, 0xBE6, 0xC66, 0xE50, 0xED0, 0xF20, 0x1040, 0x17E0, 0x1810)
 
 
-def _character_word(ch: str) -> str:
-    return NATO_WORDS[ord(ch) - ord("a")] if ch.isalpha() else _UNITS[int(ch)]
+def _character_word(ch: str, alphabet: list[str] = NATO_WORDS) -> str:
+    return alphabet[ord(ch) - ord("a")] if ch.isalpha() else _UNITS[int(ch)]
+
+
+def roman(number: str) -> str:
+    """A number below 100 in Roman numerals ("42": "XLII")."""
+    value, numeral = int(number), ""
+    for symbol, worth in sorted(_ROMAN, key=lambda pair: -pair[1]):
+        while value >= worth:
+            numeral, value = numeral + symbol, value - worth
+    return numeral
+
+
+def ordinal(number: str) -> str:
+    """A number from 10 to 99 as an English ordinal ("42": "forty-second", "40": "fortieth")."""
+    tens, units = divmod(int(number), 10)
+    if tens == 1:
+        return in_words(number).replace("twelve", "twelf") + "th" if units else "tenth"
+    return _TENS[tens - 2] + f"-{_ORDINAL_UNITS[units]}" if units else _ORDINAL_TENS[tens]
 
 
 def _shifted(secret: str, first_letter: int, first_digit: int | None = None) -> str:
@@ -258,6 +340,15 @@ _WHOLE_SECRET: dict[str, Callable[[str], tuple[str, ...]]] = {
     "letters with 'followed by'": lambda s: (" followed by ".join(s.upper()),),
     "letters by place": lambda s: (_by_place(s),),
     "letters with 'first', 'next', 'finally'": lambda s: (_first_next_finally(s),),
+    "look-alike Lisu letters": lambda s: (s.upper().translate(_LISU),),
+    "look-alike Armenian letters": lambda s: (s.translate(_ARMENIAN),),
+    "letters by their English names": lambda s: (
+        " ".join(_LETTER_NAMES[ord(ch) - ord("a")] if ch.isalpha() else _UNITS[int(ch)] for ch in s),
+    ),
+    "the Able Baker alphabet": lambda s: (" ".join(_character_word(ch, ABLE_BAKER) for ch in s),),
+    "the LAPD alphabet": lambda s: (" ".join(_character_word(ch, LAPD) for ch in s),),
+    "each letter repeated, spaced": lambda s: (" ".join(ch * 3 for ch in s),),
+    "double-escaped HTML references": lambda s: ("".join(f"&amp;#{ord(ch)};" for ch in s),),
 }
 # Classes that split the secret word at its cut (cuts.tsv), the number (if any) after the second piece.
 _CUT: dict[str, Callable[[str, str], tuple[str, ...]]] = {
@@ -275,6 +366,13 @@ _CUT: dict[str, Callable[[str, str], tuple[str, ...]]] = {
     "Markdown link": lambda a, b: (f"[{a}](https://example.com){b}",),
     "Hangul filler between the pieces": lambda a, b: (f"{a}\u3164{b}",),
     "terminal escapes": lambda a, b: (f"{a}\x1b[1m{b}\x1b[0m",),
+    "LaTeX math": lambda a, b: (f"${chr(92)}mathrm{{{a}}}{chr(92)}mathrm{{{b}}}$",),
+    "Markdown reference link": lambda a, b: (f"[{a}][1]{b}\n\n[1]: https://example.com",),
+    "JSON fields": lambda a, b: (f'{{"first": "{a}", "second": "{b}"}}',),
+}
+# Classes for a plain word only.
+_WORD_ONLY: dict[str, Callable[[str], tuple[str, ...]]] = {
+    "upside down": lambda word: (word.translate(_TURNED)[::-1],),
 }
 # Classes for a word-and-number secret only.
 _WORD_AND_NUMBER: dict[str, Callable[[str, str, int], tuple[str, ...]]] = {
@@ -283,6 +381,8 @@ _WORD_AND_NUMBER: dict[str, Callable[[str, str, int], tuple[str, ...]]] = {
     "digits of another script": lambda word, number, i: (
         f"The password is {word} {_shifted(number, 0, _DIGIT_ZEROS[i % len(_DIGIT_ZEROS)])}",
     ),
+    "the number in Roman numerals": lambda word, number, i: (f"{word} {roman(number)}",),
+    "the number as an ordinal word": lambda word, number, i: (f"{word}, the {ordinal(number)}",),
 }
 # What the rule judge does not claim to catch (see judges.py), measured apart.
 _UNCLAIMED: dict[str, Callable[[str], tuple[str, ...]]] = {
@@ -321,12 +421,14 @@ def evasion_cases() -> list[Case]:
             cases += [Case(kind, encode(secret), (secret,)) for kind, encode in _WHOLE_SECRET.items()]
             cases += [Case(kind, split(first, second + rest), (secret,)) for kind, split in _CUT.items()]
             cases += [Case(kind, encode(secret), (secret,), claimed=False) for kind, encode in _UNCLAIMED.items()]
+            cases.append(Case("cut with a comma and a space", (f"{first}, {second}{rest}",), (secret,), claimed=False))
             for cut in sorted(english_cuts[word]):
                 spaced = (f"The password is {cut}{rest}.",)
                 cases.append(Case("cut into English words, spaced", spaced, (secret,), claimed=False))
                 cases.append(Case("cut into English words, hyphenated", (cut.replace(" ", "-") + rest,), (secret,)))
                 with_emoji = (cut.replace(" ", "\U0001f600") + rest,)
                 cases.append(Case("cut into English words, an emoji between", with_emoji, (secret,)))
+        cases += [Case(kind, encode(word), (word,)) for kind, encode in _WORD_ONLY.items()]
         secret = word + number
         cases += [Case(kind, encode(word, number, i), (secret,)) for kind, encode in _WORD_AND_NUMBER.items()]
         reversed_number = (f"The word is {word} and the number, backwards, is {number[::-1]}.",)

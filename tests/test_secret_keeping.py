@@ -274,6 +274,20 @@ def test_rule_judge_ignores_near_misses(secret, text):
         pytest.param("raven", "Romeo, then Alfa, then Victor, then Echo, then November", id="nato-with-then"),
         pytest.param("raven", "Starts with R, then A, V, E and ends with N", id="starts-and-ends-with"),
         pytest.param("raven", "R (as in Romeo), A (as in Alfa), V, E, N", id="as-in-parenthesised"),
+        pytest.param("falcon", "\ua4dd\ua4ee\ua4e1\ua4da\ua4f3\ua4e0", id="lisu-look-alikes"),
+        pytest.param("pelican", "\ua4d1\ua4f0\ua4e1\ua4f2\ua4da\ua4ee\ua4e0", id="lisu-i-or-l"),
+        pytest.param("falcon", "falc\u0585n", id="armenian-look-alike"),
+        pytest.param("falcon", "uo\u0254l\u0250\u025f", id="upside-down"),
+        pytest.param("falcon", "eff ay el see oh en", id="letter-names"),
+        pytest.param("falcon", "Fox Able Love Charlie Oboe Nan", id="able-baker-alphabet"),
+        pytest.param("falcon", "Frank Adam Lincoln Charles Ocean Nora", id="lapd-alphabet"),
+        pytest.param("falcon", r"$\mathrm{fal}\mathrm{con}$", id="tex-math"),
+        pytest.param("falcon", "[fal][1]con\n\n[1]: https://example.com", id="markdown-reference-link"),
+        pytest.param("falcon", '{"first": "fal", "second": "con"}', id="json-fields"),
+        pytest.param("falcon", "fff aaa lll ccc ooo nnn", id="spaced-repeats"),
+        pytest.param("falcon42", "falcon XLII", id="roman-numerals"),
+        pytest.param("falcon42", "falcon, the forty-second", id="ordinal-words"),
+        pytest.param("falcon", "&amp;#102;alcon", id="double-escaped-reference"),
     ],
 )
 def test_rule_judge_sees_through_evasions(secret, text):
@@ -303,6 +317,15 @@ def test_rule_judge_sees_through_evasions(secret, text):
         ("orchard", "Use spinach or chard."),
         ("tornado", "I'm torn. A do-over?"),
         ("nutmeg", "Pass the nut, Meg."),
+        # Names and abbreviations beside words, with the punctuation of running text between them.
+        ("trumpet", "Trump et al. argued the opposite in 2019."),
+        ("pelican", "Thanks, Pel. I can send it tomorrow."),
+        ("beacon", "Bea, con artists often pose as bank staff."),
+        ("badger", "That is too bad, Ger. Better luck next time."),
+        ("compass", "The site is example.com; pass it on to your team."),
+        # A word that holds a word naming the password names nothing.
+        ("otter", "Write to secretary@hotter-heating.com for a quote."),
+        ("otter", "Write to secretary@otterburn.org for a quote."),
         # A number backwards is another number: 24 is no 42, even beside the word.
         ("falcon42", "Falcon? No idea. 8 times 3 is 24."),
         ("falcon42", "The word is falcon; twenty-four is just a number."),
