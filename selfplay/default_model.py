@@ -50,6 +50,7 @@ MODEL_SPECS_HELP = (
     "a Hugging Face model directory or hub name, default (the built-in model), a GGUF file, a run directory "
     "(its newest checkpoint), a checkpoint directory, or a league player RUN_DIR@PLAYER"
 )
+HASH_CHUNK_BYTES = 2**20
 _verified: set[Path] = set()  # shipped models whose checksums this process has checked
 
 
@@ -251,7 +252,12 @@ def file_checksums(path: Path) -> dict[str, str]:
 
 
 def file_sha256(file: Path) -> str:
-    return hashlib.sha256(file.read_bytes()).hexdigest()
+    """The SHA-256 of `file`, read a chunk at a time: model files run to gigabytes."""
+    digest = hashlib.sha256()
+    with open(file, "rb") as stream:
+        for chunk in iter(lambda: stream.read(HASH_CHUNK_BYTES), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def verify_checksums(path: Path) -> None:
@@ -272,8 +278,13 @@ def verify_checksums(path: Path) -> None:
 
 def _damaged_file(path: Path) -> str | None:
     """The first file of the model directory `path` that differs from its build record, as
-    "NAME is missing" or "NAME is changed"; None if every recorded file is as recorded."""
+    "NAME is missing", "NAME is changed" or "NAME is not one of its files" (a loader reads some
+    files by their mere presence: `adapter_config.json` makes a directory a LoRA adapter); None if
+    the directory holds the recorded files, as recorded, and nothing else."""
     recorded = json.loads((path / BUILD_INFO).read_text()).get("sha256", {})
+    unrecorded = sorted(entry.name for entry in path.iterdir() if entry.name not in {*recorded, BUILD_INFO})
+    if unrecorded:
+        return f"{unrecorded[0]} is not one of its files (delete it)"
     for name, digest in recorded.items():
         file = path / name
         if not file.is_file():

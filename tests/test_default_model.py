@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
+import tracemalloc
 
 import pytest
 
@@ -12,8 +14,10 @@ from selfplay.backends import SamplingSettings
 from selfplay.default_model import (
     ASKED_WITH,
     BUILD_INFO,
+    HASH_CHUNK_BYTES,
     SHIPPED_MODEL,
     build_default_model,
+    file_sha256,
     is_current_build,
     resolve_model,
     verify_checksums,
@@ -35,16 +39,43 @@ def test_default_names_the_shipped_model_without_building_it(monkeypatch, tmp_pa
     assert set(json.loads((SHIPPED_MODEL / BUILD_INFO).read_text())["sha256"]) >= {"model.safetensors", "config.json"}
 
 
-@pytest.mark.parametrize("damage", ["changed", "missing"])
-def test_a_damaged_file_of_the_default_model_is_named_with_the_fix(tmp_path, damage):
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        ("changed", "tokenizer.json is changed"),
+        ("missing", "tokenizer.json is missing"),
+        ("added", r"adapter_config.json is not one of its files \(delete it\)"),
+    ],
+)
+def test_a_damaged_file_of_the_default_model_is_named_with_the_fix(tmp_path, damage, named):
+    """A file the build did not make counts too: transformers reads `adapter_config.json`, for
+    one, as making the directory a LoRA adapter."""
     copy = shutil.copytree(SHIPPED_MODEL, tmp_path / "default")
     if damage == "changed":
         with open(copy / "tokenizer.json", "a") as file:
             file.write(" ")
-    else:
+    elif damage == "missing":
         (copy / "tokenizer.json").unlink()
-    with pytest.raises(UserError, match=rf"tokenizer.json is {damage}.*python -m selfplay.default_model"):
+    else:
+        (copy / "adapter_config.json").write_text('{"peft_type": "LORA"}')
+    with pytest.raises(UserError, match=rf"{named}.*python -m selfplay.default_model"):
         verify_checksums(copy)
+
+
+def test_a_file_is_hashed_a_chunk_at_a_time(tmp_path):
+    """Model files run to gigabytes: hashing one holds a chunk of it in memory, not all of it."""
+    size = 64 * 2**20
+    sparse = tmp_path / "model.gguf"
+    with open(sparse, "wb") as file:
+        file.truncate(size)
+    tracemalloc.start()
+    try:
+        digest = file_sha256(sparse)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert digest == hashlib.sha256(bytes(size)).hexdigest()
+    assert peak < 4 * HASH_CHUNK_BYTES  # a chunk or two, of the 64 the file holds
 
 
 def test_the_shipped_model_writes_legal_moves():

@@ -101,7 +101,7 @@ def _replace(file, text):
     file.write_text(text)
 
 
-@pytest.mark.parametrize("damage", ["changed", "missing", "another source"])
+@pytest.mark.parametrize("damage", ["changed", "missing", "added", "another source"])
 def test_a_damaged_conversion_is_converted_again(real_model, conversions, tmp_path, damage):
     copy = tmp_path / real_model.relative_to(home_of(real_model))
     shutil.copytree(real_model, copy, copy_function=os.link)
@@ -109,6 +109,8 @@ def test_a_damaged_conversion_is_converted_again(real_model, conversions, tmp_pa
         _replace(copy / "config.json", (copy / "config.json").read_text().replace('"silu"', '"gelu"'))
     elif damage == "missing":
         (copy / "model.safetensors").unlink()
+    elif damage == "added":  # transformers would load the directory as a LoRA adapter
+        (copy / "adapter_config.json").write_text('{"peft_type": "LORA"}')
     else:
         record = json.loads((copy / BUILD_INFO).read_text())
         _replace(copy / BUILD_INFO, json.dumps(record | {"source_sha256": "0" * 64}))
