@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,11 +151,23 @@ class RunLock:
             os.close(fd)
 
     def release(self) -> None:
+        """Give up the lock and remove its file. Where the file cannot be removed (a directory made
+        read-only) the lock is given up all the same, and a warning says the file is left: it
+        locks nothing, and the next run takes it over."""
         if self._fd is None:
             return
-        self.path.unlink(missing_ok=True)  # while still held: see `_acquire`
-        os.close(self._fd)
-        self._fd = None
+        fd, self._fd = self._fd, None
+        try:
+            self.path.unlink(missing_ok=True)  # while still held: see `_acquire`
+        except OSError as err:
+            print(
+                f"warning: could not remove the run directory's lock file '{self.path}': {err.strerror}. It locks "
+                "nothing now; the next run takes it over.",
+                file=sys.stderr,
+            )
+            return
+        finally:
+            os.close(fd)
         for directory in self.made:
             try:
                 directory.rmdir()  # only if empty

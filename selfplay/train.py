@@ -45,6 +45,7 @@ from selfplay.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from selfplay.cleanup import close_all
 from selfplay.config import TrainConfig, config_to_dict, load_config, settings_by_key
 from selfplay.distributed.learner_group import LearnerGroup, LearnerProcessDied
 from selfplay.errors import UserError
@@ -84,7 +85,7 @@ from selfplay.roles.base import advantage_key
 from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
 from selfplay.run_dir import RunDir, RunLock
 from selfplay.scoring import pick_device, warn_if_bf16_emulated
-from selfplay.tracking import installed_trackers, open_trackers
+from selfplay.tracking import TrackerFailed, Trackers, installed_trackers, open_trackers
 
 # Steps in a row in which every answer was invalid before a run warns that it has collapsed.
 COLLAPSE_STEPS = 10
@@ -307,11 +308,16 @@ class Trainer:
         self.progress = progress
         # Held until `close`: no other process may train, resume or prune this run meanwhile.
         self.run_lock = RunLock(self.run_dir)
+        # What the run holds besides, as `_open` opens it, and `close` releases.
+        self.players: dict[str, LearningPlayer] = {}
+        self.frozen: dict[str, PolicyBackend] = {}  # snapshots' backends, loaded when first matched
+        self.workers, self.started_ray = None, False  # Ray rollout workers, with `distributed.rollout_workers`
+        self.league: League | None = None
+        self.trackers: Trackers | None = None
         try:
             self._open(resume)
         except BaseException as err:
-            self._close_learner_groups()  # a sharded learner's processes must not outlive the run
-            self.run_lock.release()
+            self.close(failing=True)  # a sharded learner's processes and Ray's workers must not outlive the run
             if failed_write(err):
                 raise run_stopped_by(err, self.run_dir, getattr(self, "step", 0)) from None
             raise
@@ -344,8 +350,6 @@ class Trainer:
         self.games = {spec: make_game(spec) for spec in config.games}  # asked for their own figures each step
         self.shared_base = None  # the initial model under the exploiters' adapters, once needed
         self.rollout_settings = RolloutSettings.from_config(config.rollout)
-        self.players: dict[str, LearningPlayer] = {}
-        self.workers, self.started_ray = None, False  # Ray rollout workers, with `distributed.rollout_workers`
         if config.distributed.rollout_workers:
             self._start_workers()
         self.submitted = self.step  # the last step whose games were handed to the workers
@@ -363,7 +367,6 @@ class Trainer:
                 "backend_precision": (config.backend_precision, getattr(main.backend, "device", None)),
             }
         )
-        self.frozen: dict[str, PolicyBackend] = {}  # snapshots' backends, loaded when first matched
         self.snapshot_policies: dict[str, dict] = {}  # snapshots' move probabilities, once an exact check asks
         self.league = self._open_league(checkpoint) if config.league.enabled else League(config)
         if checkpoint is not None:  # last, so that its random state is the one the run goes on with
@@ -548,78 +551,98 @@ class Trainer:
     # -- training ------------------------------------------------------------------------------
 
     def run(self) -> dict[str, float]:
-        """Train to `config.steps`; returns the last step's metrics."""
-        metrics: dict[str, float] = {}
+        """Train to `config.steps`; returns the last step's metrics. Whatever ends the run, all it
+        holds is released (`close`), and an error that stopped it is the one reported."""
         bar = tqdm(total=self.config.steps, initial=self.step, desc="train", unit="step", disable=not self.progress)
+        try:
+            try:
+                metrics = self._train(bar)
+            except BaseException:
+                bar.close()
+                self.close(failing=True)
+                raise
+            bar.close()
+            self.close()
+        except BaseException as err:
+            stop = self._stop_error(err)
+            if stop is err:
+                raise
+            raise stop from None
+        print(self._report(metrics))
+        return metrics
+
+    def _train(self, bar: tqdm) -> dict[str, float]:
+        """The training loop of `run`, which `bar` shows; returns the last step's metrics."""
+        metrics: dict[str, float] = {}
         deadline = time.monotonic() + 60 * self.config.max_minutes if self.config.max_minutes else math.inf
         all_invalid_steps = 0
         truncation_warned = False
         evaluating = bool(self.config.eval.every)
-        try:
-            if evaluating and self.config.eval.before_training and self.step == 0:
-                self._log(self.evaluate())
-            # The bar's rate and ETA time the steps alone: not the evaluations, nor what came before.
-            bar.unpause()
-            while self.step < self.config.steps:
-                self.step += 1
-                metrics = self.train_step()
-                bar.update(1)
-                if self.config.eval.every and self.step % self.config.eval.every == 0:
-                    metrics.update(self.evaluate())
-                    bar.unpause()
-                self._log(metrics)
-                bar.set_postfix(
-                    reward=f"{metrics.get('reward/mean', 0):+.2f}",
-                    invalid=f"{metrics.get('turns/invalid_rate', 0):.2f}",
-                    tok_s=f"{metrics.get('time/tokens_per_s', 0):.0f}",
-                    **({"snapshots": int(metrics["league/snapshots"])} if "league/snapshots" in metrics else {}),
-                )
-                all_invalid_steps = all_invalid_steps + 1 if metrics.get("turns/invalid_rate") == 1.0 else 0
-                if all_invalid_steps == COLLAPSE_STEPS:
-                    bar.write(collapse_warning(self.step, self.run_dir))
-                games = self.config.rollout.games_per_step
-                warning = truncation_warning(round(metrics["games/truncated_rate"] * games), games, "rollout.max_turns")
-                if warning and not truncation_warned:
-                    bar.write(warning)
-                    truncation_warned = True
-                out_of_time = time.monotonic() > deadline
-                if self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps or out_of_time:
-                    self.save()
-                if out_of_time:
-                    break
-            evaluations = read_evaluations(RunDir(self.run_dir).eval_log)
-            if evaluating and (not evaluations or evaluations[-1].step != self.step):
-                final = self.evaluate()  # the policy the run ends with
+        if evaluating and self.config.eval.before_training and self.step == 0:
+            self._log(self.evaluate())
+        # The bar's rate and ETA time the steps alone: not the evaluations, nor what came before.
+        bar.unpause()
+        while self.step < self.config.steps:
+            self.step += 1
+            metrics = self.train_step()
+            bar.update(1)
+            if self.config.eval.every and self.step % self.config.eval.every == 0:
+                metrics.update(self.evaluate())
                 bar.unpause()
-                self._log(final)
-                metrics.update(final)
-        except BaseException as err:
-            if failed_write(err):
-                raise run_stopped_by(err, self.run_dir, self.step) from None
-            if isinstance(err, LearnerProcessDied):
-                raise UserError(f"The run stopped at step {self.step}: {err}. {self._resume_hint()}") from None
-            raise
-        finally:
-            bar.close()
-            self.close()
-        print(self._report(metrics))
+            self._log(metrics)
+            bar.set_postfix(
+                reward=f"{metrics.get('reward/mean', 0):+.2f}",
+                invalid=f"{metrics.get('turns/invalid_rate', 0):.2f}",
+                tok_s=f"{metrics.get('time/tokens_per_s', 0):.0f}",
+                **({"snapshots": int(metrics["league/snapshots"])} if "league/snapshots" in metrics else {}),
+            )
+            all_invalid_steps = all_invalid_steps + 1 if metrics.get("turns/invalid_rate") == 1.0 else 0
+            if all_invalid_steps == COLLAPSE_STEPS:
+                bar.write(collapse_warning(self.step, self.run_dir))
+            games = self.config.rollout.games_per_step
+            warning = truncation_warning(round(metrics["games/truncated_rate"] * games), games, "rollout.max_turns")
+            if warning and not truncation_warned:
+                bar.write(warning)
+                truncation_warned = True
+            out_of_time = time.monotonic() > deadline
+            if self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps or out_of_time:
+                self.save()
+            if out_of_time:
+                break
+        evaluations = read_evaluations(RunDir(self.run_dir).eval_log)
+        if evaluating and (not evaluations or evaluations[-1].step != self.step):
+            final = self.evaluate()  # the policy the run ends with
+            bar.unpause()
+            self._log(final)
+            metrics.update(final)
         return metrics
 
-    def close(self) -> None:
-        """Release what the run holds: its logs, backends, league store, workers and, last, the
-        run directory's lock."""
-        self.trackers.close()
-        for backend in [*(p.backend for p in self.players.values()), *self.frozen.values()]:
-            backend.close()
-        self._close_learner_groups()
-        self.league.close()
-        self._stop_workers()
-        self.run_lock.release()
+    def _stop_error(self, err: BaseException) -> BaseException:
+        """The error to report for `err`, which stopped the run: one line for the user's, `err` itself for a bug."""
+        if failed_write(err):
+            return run_stopped_by(err, self.run_dir, self.step)
+        if isinstance(err, (LearnerProcessDied, TrackerFailed)):
+            return UserError(f"The run stopped at step {self.step}: {str(err).rstrip('.')}. {self._resume_hint()}")
+        return err
 
-    def _close_learner_groups(self) -> None:
-        for player in getattr(self, "players", {}).values():
-            if isinstance(player.learner, LearnerGroup):
-                player.learner.close()
+    def close(self, failing: bool = False) -> None:
+        """Release what the run holds, each part whatever the others do (`close_all`; `failing`: an
+        error of the run's own comes first): its logs, backends, league store, workers and, last,
+        the run directory's lock. A run that could not open holds only some of them."""
+        backends = [*((name, p.backend) for name, p in self.players.items()), *self.frozen.items()]
+        groups = [(name, p.learner) for name, p in self.players.items() if isinstance(p.learner, LearnerGroup)]
+        steps = [
+            *([("closing the trackers", self.trackers.close)] if self.trackers is not None else []),
+            *((f"closing {name}'s backend", backend.close) for name, backend in backends),
+            *((f"stopping {name}'s learner processes", learner.close) for name, learner in groups),
+            *([("closing the league store", self.league.close)] if self.league is not None else []),
+            *([("stopping the rollout workers", self.workers.close)] if self.workers is not None else []),
+        ]
+        if self.started_ray:
+            import ray
+
+            steps.append(("shutting Ray down", ray.shutdown))
+        close_all([*steps, ("releasing the run directory's lock", self.run_lock.release)], failing)
 
     def _report(self, metrics: dict[str, float]) -> str:
         """What a run ends with: the table of its first and last evaluations (before and after
@@ -653,14 +676,6 @@ class Trainer:
             further.append(f"every metric by step: tensorboard --logdir {shlex.quote(str(files.tensorboard))}")
         blocks.append("Look further:\n" + "\n".join(f"  {line}" for line in further))
         return "\n" + "\n\n".join(blocks)
-
-    def _stop_workers(self) -> None:
-        if self.workers is not None:
-            self.workers.close()
-        if self.started_ray:
-            import ray
-
-            ray.shutdown()
 
     def _restart_hint(self, name: str) -> str:
         """How to go on after `name`'s update diverged: from the last checkpoint, at a lower rate."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -81,3 +82,24 @@ def test_a_lock_that_made_the_run_directory_removes_it_again_when_nothing_was_wr
     (tmp_path / "run" / "config.yaml").write_text("steps: 1\n")
     lock.release()
     assert [p.name for p in (tmp_path / "run").iterdir()] == ["config.yaml"]
+
+
+def test_a_lock_whose_file_cannot_be_removed_is_given_up_all_the_same(tmp_path, monkeypatch, capsys):
+    """A run directory made read-only mid-run (chattr +i): the lock file stays, with a warning, and
+    the next run takes it over."""
+    lock_file = RunDir(tmp_path / "run").lock_file
+    lock = RunLock(tmp_path / "run")
+    unlink = Path.unlink
+
+    def refused(path, missing_ok=False):
+        if path == lock_file:
+            raise PermissionError(errno.EPERM, os.strerror(errno.EPERM), str(path))
+        unlink(path, missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", refused)
+    lock.release()
+    assert "could not remove the run directory's lock file" in capsys.readouterr().err
+    monkeypatch.undo()
+    assert lock_file.exists()
+    RunLock(tmp_path / "run").release()
+    assert not lock_file.exists()

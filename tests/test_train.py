@@ -29,6 +29,7 @@ from selfplay.errors import UserError
 from selfplay.league.manager import League
 from selfplay.learner import Learner, NonFiniteUpdate
 from selfplay.run_dir import RunDir
+from selfplay.tracking import Trackers
 from selfplay.train import COLLAPSE_STEPS, Trainer, TrainingDiverged, train_command
 
 TINY = [
@@ -494,18 +495,45 @@ def test_a_resume_keeps_the_runs_config_and_saves_its_overrides_in_it_with_a_his
     assert "changed by this resume: steps: 5 -> 6." in capsys.readouterr().err
 
 
+def disk_full(*args):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
 def test_a_full_disk_outside_checkpoints_stops_the_run_as_cleanly(run_copy, monkeypatch):
     """Any file of the run other than a checkpoint (here TensorBoard's log): one message naming the
     disk and its free space, and the checkpoints as they were."""
-
-    def disk_fills_up_on_the_log(trainer, metrics):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    monkeypatch.setattr(Trainer, "_log", disk_fills_up_on_the_log)
+    monkeypatch.setattr(Trainer, "_log", disk_full)
     with pytest.raises(UserError) as err:
         resume(run_copy, ["steps=4"])
     message = str(err.value)
     assert "No space left on device" in message and "the disk holding it has" in message, message
     assert "The run stopped at step" in message and f"--resume {run_copy}" in message, message
     assert list_checkpoints(run_copy)[-1].name == "step-000003"
+    assert not RunDir(run_copy).lock_file.exists()
+
+
+def test_cleanup_that_fails_skips_no_step_and_hides_not_the_error_that_stopped_the_run(run_copy, monkeypatch, capsys):
+    """The disk fills mid-run, and then closing the trackers and the league store fails too: the
+    run's own error is the one reported, the others are said in one line, and the lock is gone."""
+
+    def server_gone(trackers):
+        raise RuntimeError("the tracking server\nis gone")
+
+    monkeypatch.setattr(Trainer, "_log", disk_full)
+    monkeypatch.setattr(Trackers, "close", server_gone)
+    monkeypatch.setattr(League, "close", disk_full)
+    with pytest.raises(UserError, match="No space left on device.*The run stopped at step 4"):
+        resume(run_copy, ["steps=4"])
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: cleanup")]
+    assert warnings == [
+        "warning: cleanup steps that failed too: closing the trackers: the tracking server is gone; closing the "
+        "league store: No space left on device."
+    ]
+    assert not RunDir(run_copy).lock_file.exists()
+
+
+def test_without_an_error_of_the_runs_own_the_first_failed_cleanup_step_is_reported(run_copy, monkeypatch):
+    monkeypatch.setattr(League, "close", disk_full)
+    with pytest.raises(UserError, match="No space left on device.*The run stopped at step 3"):
+        resume(run_copy, ["steps=3"])  # nothing to train: only the cleanup
     assert not RunDir(run_copy).lock_file.exists()
