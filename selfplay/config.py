@@ -344,6 +344,9 @@ class LoggingConfig:
     tensorboard: bool = True  # RUN_DIR/tensorboard
     wandb: WandbConfig = WandbConfig()
     mlflow: MlflowConfig = MlflowConfig()
+    # When W&B or MLflow fails mid-run (its server gone, its store's disk full): continue trains on
+    # without it, saying so once and, at the end, which steps it missed; stop stops the run.
+    on_tracker_failure: Literal["continue", "stop"] = "continue"
 
 
 @dataclass(frozen=True)

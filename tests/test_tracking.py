@@ -6,10 +6,16 @@ test's directory: nothing goes over the network."""
 from __future__ import annotations
 
 import json
+import math
+import os
+import re
 import shutil
+import socket
+import sqlite3
 import struct
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -19,7 +25,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from selfplay.config import config_to_dict, load_config, settings_by_key
 from selfplay.errors import UserError
 from selfplay.run_dir import RunDir
-from selfplay.tracking import mlflow_name, open_trackers
+from selfplay.tracking import TRACKER_FIXES, TrackerFailed, Trackers, mlflow_name, open_trackers
 from selfplay.train import Trainer
 from tests.test_train import TINY, resume
 
@@ -245,3 +251,92 @@ def test_mlflow_names_change_only_the_characters_mlflow_refuses():
     assert mlflow_name("eval/kuhn_poker/random/mean_return") == "eval/kuhn_poker/random/mean_return"
     assert mlflow_name("league/rating/main@000010") == "league/rating/main_000010"
     assert mlflow_name("vs/openspiel:goofspiel(num_cards=4)/win") == "vs/openspiel:goofspiel_num_cards_4_/win"
+
+
+class FakeTracker:
+    """A tracker that keeps the steps it is given, and fails from `failing_at` on, as a store on a
+    full disk does (MLflow's error, raised from SQLite's)."""
+
+    def __init__(self, failing_at: float = math.inf):
+        self.steps, self.failing_at, self.closed = [], failing_at, False
+
+    def log(self, metrics, step):
+        if step >= self.failing_at:
+            try:
+                raise sqlite3.OperationalError("database or disk is full")
+            except sqlite3.OperationalError as err:
+                raise RuntimeError("(raised as a result of Query-invoked autoflush)\n[SQL: INSERT ...]") from err
+        self.steps.append(step)
+
+    def close(self):
+        self.closed = True
+
+
+def fake_trackers(tmp_path, on_failure: str, failing_at: int) -> tuple[Trackers, FakeTracker, FakeTracker]:
+    trackers = Trackers(RunDir(tmp_path), {"wandb": "w", "mlflow": "m"}, 0, on_failure)
+    wandb, mlflow = FakeTracker(), FakeTracker(failing_at)
+    trackers.observers.update(wandb=wandb, mlflow=mlflow)
+    return trackers, wandb, mlflow
+
+
+def test_a_tracker_failing_mid_run_is_given_up_with_one_warning_and_the_steps_it_missed_said_at_the_end(
+    tmp_path, capsys
+):
+    trackers, wandb, mlflow = fake_trackers(tmp_path, "continue", failing_at=2)
+    for step in (1, 2, 3, 3, 4):  # an evaluation's figures come at the step's own
+        trackers.log({"reward/mean": 0.5}, step)
+    assert wandb.steps == [1, 2, 3, 3, 4] and mlflow.steps == [1]
+    warned = capsys.readouterr().err
+    assert warned.count("warning:") == 1
+    assert "MLflow could not log step 2 (database or disk is full) and gets no more of this run's steps" in warned
+    trackers.close()
+    assert wandb.closed and not mlflow.closed  # a closing call to a failed store would fail again
+    said = capsys.readouterr().err
+    assert said == "warning: MLflow did not get steps 2-4 of this run (3 logged steps): database or disk is full.\n"
+    assert json.loads(RunDir(tmp_path).trackers.read_text())["logged_through"] == 4
+
+
+def test_a_tracker_failing_mid_run_stops_it_when_the_config_says_so(tmp_path):
+    trackers, _, _ = fake_trackers(tmp_path, "stop", failing_at=2)
+    trackers.log({"reward/mean": 0.5}, 1)
+    with pytest.raises(TrackerFailed, match="MLflow could not log step 2: database or disk is full. Check logging"):
+        trackers.log({"reward/mean": 0.5}, 2)
+    assert load_config(None, ["logging.on_tracker_failure=stop"]).logging.on_tracker_failure == "stop"
+
+
+def test_a_tracker_that_fails_to_close_is_said_and_the_others_close(tmp_path, capsys):
+    trackers, wandb, mlflow = fake_trackers(tmp_path, "continue", failing_at=9)
+    mlflow.close = lambda: FakeTracker(failing_at=0).log({}, 0)
+    trackers.close()
+    assert wandb.closed
+    assert capsys.readouterr().err == "warning: MLflow could not close its run: database or disk is full.\n"
+
+
+@pytest.mark.slow
+def test_mlflow_gives_up_on_a_server_that_is_gone_within_seconds(tmp_path, monkeypatch):
+    """MLflow's own settings retry for about 8 minutes; the user's settings, where given, hold."""
+    pytest.importorskip("mlflow")
+    for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "7")
+    with socket.socket() as unused:  # a port nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    config = load_config(None, [f"run_dir={tmp_path / 'run'}", f"logging.mlflow.tracking_uri=http://127.0.0.1:{port}"])
+    started = time.monotonic()
+    with pytest.raises(UserError, match="MLflow could not start this run's log: .*Connection refused"):
+        open_trackers(config, 0, resume=False)
+    assert time.monotonic() - started < 30
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2" and os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "7"
+
+
+@pytest.mark.slow
+def test_the_mlflow_store_the_hint_names_is_one_mlflow_accepts(tmp_path):
+    pytest.importorskip("mlflow")
+    stores = re.findall(r"\w+:///\S*?(?=[),])", TRACKER_FIXES["mlflow"])
+    assert stores == ["sqlite:///PATH"]  # file:// stores are refused by MLflow 3
+    uri = stores[0].replace("PATH", str(tmp_path / "mlflow.db"))
+    config = load_config(
+        None, [f"run_dir={tmp_path}", "logging.tensorboard=false", f"logging.mlflow.tracking_uri={uri}"]
+    )
+    open_trackers(config, 0, resume=False).close()
