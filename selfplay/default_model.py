@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from selfplay.errors import UserError
+from selfplay.files import WRITE_FAILURES, WriteError, write_failure
 from selfplay.untrained_model import build_untrained
 from selfplay.warm_start import BATCH_SIZE, LR, PRECISION, STEPS, TILT, VIEW_SHARE, warm_start
 
@@ -73,7 +74,7 @@ def resolve_model(name_or_path: str) -> str:
             verify_checksums(SHIPPED_MODEL)
             return str(SHIPPED_MODEL)
         path = default_model_dir()
-        build_once(path, is_current_build, build_default_model)
+        build_once(path, is_current_build, build_default_model, "the default model")
         return str(path)
     gguf = gguf_file(name_or_path)
     if gguf is not None:
@@ -177,7 +178,7 @@ def converted_once(source: Path, kind: str, convert: Callable[[Path], object]) -
             return False
         return record.get("source_sha256") == source_sha256 and _damaged_file(path) is None
 
-    build_once(model_dir, is_converted, convert)
+    build_once(model_dir, is_converted, convert, f"the conversion of {source.name}")
     return model_dir
 
 
@@ -343,17 +344,27 @@ def _damaged_file(path: Path) -> str | None:
     return None
 
 
-def build_once(path: Path, is_built: Callable[[Path], bool], build: Callable[[Path], object]) -> None:
-    """Runs `build(path)` unless `is_built(path)`, once however many processes ask at a time."""
+def build_once(path: Path, is_built: Callable[[Path], bool], build: Callable[[Path], object], what: str) -> None:
+    """Runs `build(path)` unless `is_built(path)`, once however many processes ask at a time. A
+    write that fails (a full disk) raises WriteError naming `what`; `build` writes in a scratch
+    directory (`built_in_place`), so no part of it is left."""
     if is_built(path):
         return
-    with _build_lock(path):
-        if not is_built(path):  # another process may have built it meanwhile
-            # Scratch directories left by builds killed before their cleanup ran: a live build
-            # would hold the lock.
-            for leftover in path.parent.glob(f"{_scratch_prefix(path)}*"):
-                shutil.rmtree(leftover, ignore_errors=True)
-            build(path)
+    try:
+        with _build_lock(path):
+            if not is_built(path):  # another process may have built it meanwhile
+                # Scratch directories left by builds killed before their cleanup ran: a live build
+                # would hold the lock.
+                for leftover in path.parent.glob(f"{_scratch_prefix(path)}*"):
+                    shutil.rmtree(leftover, ignore_errors=True)
+                build(path)
+    except WRITE_FAILURES as err:
+        failure = write_failure(what, path, err)
+        raise WriteError(
+            f"{failure} Free space there, or set SELFPLAY_HOME to a directory on a disk with room: selfplay keeps "
+            "the models it builds and converts there.",
+            failure.reason,
+        ) from None
 
 
 @contextlib.contextmanager

