@@ -4,7 +4,9 @@ so that a write that fails (a full disk) says so in one message.
 A file another part reads as it is written (the weights a backend or a snapshot loads, the run's
 config) is written under a `.partial` name beside it and renamed into place, so it is always
 the old file or the new one; a write that fails removes the partial file and raises
-`WriteError`: what was being written, the system's reason, and the free space on its disk.
+`WriteError`: what was being written, the system's reason, and the free space on its disk. A
+directory a user names for a command's output (`selfplay export`) is built beside it the same
+way and published only onto nothing or an empty directory (`published_directory`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import os
 import shutil
 import sqlite3
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -73,6 +76,35 @@ def published(path: str | Path, what: str) -> Iterator[Path]:
         partial.replace(path)
     except BaseException as err:
         partial.unlink(missing_ok=True)
+        if isinstance(err, WRITE_FAILURES):
+            raise write_failure(what, path, err) from None
+        raise
+
+
+@contextmanager
+def published_directory(path: str | Path, what: str) -> Iterator[Path]:
+    """A new directory beside `path` to build its contents in, renamed to `path` when the block
+    ends: in one step, and only onto nothing or an empty directory, so that no reader sees it
+    half-made and nothing another process put at `path` meanwhile is lost. It is made as any new
+    directory is (the umask says its permissions). A block that raises leaves nothing; a failed
+    write raises WriteError naming `what`, and a `path` that is no longer empty UserError."""
+    path = Path(path)
+    scratch = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.partial")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        scratch.mkdir()
+        yield scratch
+        try:
+            os.rename(scratch, path)  # replaces an empty directory, and nothing else
+        except OSError as err:
+            if err.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+                raise
+            raise UserError(
+                f"'{path}' is no longer an empty directory (something was put there meanwhile): {what} was not "
+                "written there. Choose a new directory."
+            ) from None
+    except BaseException as err:
+        shutil.rmtree(scratch, ignore_errors=True)
         if isinstance(err, WRITE_FAILURES):
             raise write_failure(what, path, err) from None
         raise

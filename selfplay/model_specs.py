@@ -49,6 +49,7 @@ from selfplay.default_model import (
     resolve_model,
 )
 from selfplay.errors import UserError
+from selfplay.files import WriteError, published_directory
 from selfplay.rollouts import RolloutSettings
 from selfplay.run_dir import RunDir
 
@@ -263,25 +264,35 @@ def export(model: ModelSpec, out_dir: str | Path) -> Path:
     tokenizer with its chat template, and a record of where it came from and how its run asked
     and sampled it."""
     out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):  # said before the model loads
         raise UserError(f"'{out}' already exists and is not an empty directory: export into a new one.")
-    return _write_model(model, out)
+    try:
+        with published_directory(out, "the model") as scratch:
+            _save_model(model, scratch)
+    except WriteError as err:
+        raise UserError(f"{err} Nothing was written there: free space, or export into another directory.") from None
+    return out
 
 
 def _write_model(model: ModelSpec, out: Path) -> Path:
+    try:
+        with built_in_place(out) as scratch:  # never a half-written model at `out`
+            _save_model(model, scratch)
+    except OSError as err:
+        reason = err.strerror or err
+        raise UserError(f"Cannot write the model into '{out}': {reason}. Choose another directory.") from None
+    return out
+
+
+def _save_model(model: ModelSpec, directory: Path) -> None:
+    """`model` as `export` writes it, into `directory`, with the record of where it came from."""
     network, tokenizer = model.network(own_precision=True)
     record = {"source": model.name, "step": model.step}
     if model.weights is not None:
         record["source_sha256"] = file_sha256(Path(model.weights))
     if model.trained_with is not None:
         record["rollout"] = asdict(model.trained_with)
-    try:
-        with built_in_place(out) as scratch:  # never a half-written model at `out`
-            network.save_pretrained(scratch)
-            tokenizer.save_pretrained(scratch)
-            record["sha256"] = file_checksums(scratch)
-            (scratch / BUILD_INFO).write_text(json.dumps(record, indent=2) + "\n")
-    except OSError as err:
-        reason = err.strerror or err
-        raise UserError(f"Cannot write the model into '{out}': {reason}. Choose another directory.") from None
-    return out
+    network.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    record["sha256"] = file_checksums(directory)
+    (directory / BUILD_INFO).write_text(json.dumps(record, indent=2) + "\n")

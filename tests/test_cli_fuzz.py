@@ -8,12 +8,15 @@ schema (walked from its dataclasses), as overrides and as config files."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import stat
 import typing
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from safetensors import SafetensorError
 
 from selfplay.checkpoint import list_checkpoints
 from selfplay.cli import main
@@ -21,6 +24,7 @@ from selfplay.config import TrainConfig, load_config
 from selfplay.errors import UserError
 from selfplay.league.manager import initial_players
 from selfplay.league.store import LeagueStore
+from selfplay.model_specs import ModelSpec
 from selfplay.run_dir import RunDir
 from selfplay.train import TrainingDiverged, validate
 
@@ -388,3 +392,40 @@ def test_a_game_openspiel_cannot_serve_is_refused_by_play_train_and_eval_before_
         assert main(argv) == 2, argv
         assert UNSERVABLE_SPECS[spec] in capsys.readouterr().err, argv
     assert new_paths(workdir, before) <= {workdir / "eval"}  # eval makes its output directory first
+
+
+def test_export_onto_a_full_disk_is_one_line_and_leaves_nothing(micro_model_dir, workdir, monkeypatch, capsys):
+    def disk_fills_up(tensors, filename, *args, **kwargs):
+        Path(filename).write_bytes(b"half a file")
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr("transformers.modeling_utils.safe_save_file", disk_fills_up)
+    assert run_cli(["export", str(micro_model_dir), "out/model"], capsys) == 2
+    assert list(workdir.rglob("*")) == [workdir / "out"]
+
+
+def test_export_keeps_what_it_did_not_write_and_makes_its_directory_as_any_other(
+    micro_model_dir, workdir, monkeypatch, capsys
+):
+    """A file put into the empty target while the model loads is kept, and the model not written
+    there; a new or empty target gets a new directory's permissions (the umask's)."""
+    network = ModelSpec.network
+
+    def network_while_a_file_arrives(self, *args, **kwargs):
+        (workdir / "raced" / "notes.txt").write_text("the user's own\n")
+        return network(self, *args, **kwargs)
+
+    (workdir / "raced").mkdir()
+    with monkeypatch.context() as patched:
+        patched.setattr(ModelSpec, "network", network_while_a_file_arrives)
+        assert run_cli(["export", str(micro_model_dir), "raced"], capsys) == 2
+    assert [path.name for path in workdir.iterdir()] == ["raced"]
+    assert [path.name for path in (workdir / "raced").iterdir()] == ["notes.txt"]
+    (workdir / "empty").mkdir()
+    umask = os.umask(0o027)
+    try:
+        for target in ("empty", "new"):
+            assert run_cli(["export", str(micro_model_dir), target], capsys) == 0
+            assert stat.S_IMODE((workdir / target).stat().st_mode) == 0o750
+    finally:
+        os.umask(umask)
