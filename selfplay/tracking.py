@@ -235,6 +235,8 @@ class Trackers:
             except Exception as err:
                 self.failures[name] = TrackerFailure(in_one_line(err))
         for name, failure in self.failures.items():
+            if failure.missed and self.on_failure == "stop":
+                continue  # the error that stopped the run says it
             print(f"warning: {TRACKER_NAMES[name]} {missed_steps(failure)}: {failure.reason}.", file=sys.stderr)
         if self.tensorboard is not None:
             self.tensorboard.close()
@@ -245,8 +247,9 @@ def missed_steps(failure: TrackerFailure) -> str:
     if not failure.missed:
         return "could not close its run"
     steps = sorted(set(failure.missed))
-    span = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
-    return f"did not get {span} of this run ({len(steps)} logged steps)"
+    if len(steps) == 1:
+        return f"did not get step {steps[0]} of this run"
+    return f"did not get steps {steps[0]}-{steps[-1]} of this run ({len(steps)} logged steps)"
 
 
 TRACKER_NAMES = {"wandb": "Weights & Biases", "mlflow": "MLflow"}

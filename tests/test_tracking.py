@@ -296,11 +296,13 @@ def test_a_tracker_failing_mid_run_is_given_up_with_one_warning_and_the_steps_it
     assert json.loads(RunDir(tmp_path).trackers.read_text())["logged_through"] == 4
 
 
-def test_a_tracker_failing_mid_run_stops_it_when_the_config_says_so(tmp_path):
-    trackers, _, _ = fake_trackers(tmp_path, "stop", failing_at=2)
+def test_a_tracker_failing_mid_run_stops_it_when_the_config_says_so(tmp_path, capsys):
+    trackers, wandb, mlflow = fake_trackers(tmp_path, "stop", failing_at=2)
     trackers.log({"reward/mean": 0.5}, 1)
     with pytest.raises(TrackerFailed, match="MLflow could not log step 2: database or disk is full. Check logging"):
         trackers.log({"reward/mean": 0.5}, 2)
+    trackers.close()
+    assert wandb.closed and not mlflow.closed and capsys.readouterr().err == ""  # the error says it all
     assert load_config(None, ["logging.on_tracker_failure=stop"]).logging.on_tracker_failure == "stop"
 
 
