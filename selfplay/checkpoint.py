@@ -16,16 +16,22 @@ several files for a large model) plus
 
 It is written to a hidden scratch directory and renamed into place, so a crash mid-write
 leaves the previous checkpoint as the latest complete one; a write that fails (a full disk)
-removes the scratch directory. An old checkpoint is renamed to a hidden name before it is
-deleted, so a crash mid-delete leaves nothing that looks like a checkpoint. The next save
-removes the leftovers of either.
+removes the scratch directory. The checkpoints that `keep` drops are deleted before the new one
+is written, all but the newest whole one, which goes once the new one is in place: a save needs
+room for `keep` checkpoints (two at least), not one more. An old checkpoint is renamed to a
+hidden name before it is deleted, so a crash mid-delete leaves nothing that looks like a
+checkpoint. The next save removes the leftovers of either.
 
-A checkpoint with a missing or cut-short file is damaged: resuming passes over it, with a
-warning, to the newest whole one before it.
+`manifest.json`, written last, records the size and SHA-256 of every other file, whatever the
+layout (one file or sharded, exploiters included). A checkpoint with a file missing, cut short,
+changed or not recorded is damaged: resuming passes over it, with a warning, to the newest whole
+one before it. (Checkpoints written before manifests get the checks that need none: every file
+of its layout present, and each JSON and safetensors file readable whole.)
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -44,6 +50,7 @@ from selfplay.run_dir import RunDir
 from selfplay.training_state import FILES_LAYOUT, SHARDED_LAYOUT
 
 STATE_FILE = "trainer_state.json"
+MANIFEST = "manifest.json"
 EXPLOITERS_DIR = "exploiters"
 PREFIX = "step-"
 # Hidden names of a checkpoint being written and of one being deleted.
@@ -69,29 +76,47 @@ def save_checkpoint(
     exploiters: Mapping[str, tuple] = MappingProxyType({}),
 ) -> Path:
     """Write the checkpoint of `step`: `learner` and the trainer `state`, and each exploiter's
-    (learner, state) by name. Then delete all but the newest `keep`. A write that fails raises
-    WriteError and leaves the checkpoints as they were."""
+    (learner, state) by name, keeping the newest `keep` (all with 0). A write that fails raises
+    WriteError, and leaves the newest whole checkpoint before it and all that `keep` keeps."""
     root = RunDir(run_dir).checkpoints
     root.mkdir(parents=True, exist_ok=True)
     for leftover in root.glob(f".{PREFIX}*"):  # of a save or a deletion that a crash cut short
         if leftover.name.endswith((PARTIAL, DELETING)):
             shutil.rmtree(leftover, ignore_errors=True)
+    _prune_before_saving(run_dir, step, keep)
     final = root / f"{PREFIX}{step:06d}"
     scratch = root / f".{final.name}{PARTIAL}"
     try:
         for name, (exploiter, exploiter_state) in exploiters.items():
             _write(scratch / EXPLOITERS_DIR / name, step, exploiter, exploiter_state)
         _write(scratch, step, learner, state)
-        _fsync_tree(scratch)
-    except (*WRITE_FAILURES, WriteError) as err:
+        _write_manifest(scratch)
+    except BaseException as err:
         shutil.rmtree(scratch, ignore_errors=True)
-        raise write_failure("the checkpoint", final, err) from None
+        if isinstance(err, (*WRITE_FAILURES, WriteError)):
+            raise write_failure("the checkpoint", final, err) from None
+        raise
     if final.exists():  # a re-run of a step after a resume
         _discard(final)
     scratch.rename(final)
     for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
         _discard(old)
     return final
+
+
+def _prune_before_saving(run_dir: str | Path, step: int, keep: int) -> None:
+    """Delete the checkpoints before `step` that will not be among the newest `keep` once it is
+    saved, but the newest whole one: until the new checkpoint is in place, it is the one to
+    resume from. (Whole by its files' sizes: its digests were checked when it was written or
+    resumed from.)"""
+    earlier = [path for path in list_checkpoints(run_dir) if _named_step(path) < step]
+    dropped = earlier[: max(len(earlier) - (keep - 1), 0)] if keep > 0 else []
+    if not dropped:
+        return
+    newest_whole = next((path for path in reversed(earlier) if checkpoint_problem(path, digests=False) is None), None)
+    for old in dropped:
+        if old != newest_whole:
+            _discard(old)
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
@@ -145,9 +170,11 @@ def checkpoint_step(path: Path) -> int:
     return step
 
 
-def checkpoint_problem(path: Path) -> str | None:
-    """What makes the checkpoint at `path` unloadable (a file missing, cut short or unreadable,
-    in its own part or an exploiter's), or None when it is whole."""
+def checkpoint_problem(path: Path, digests: bool = True) -> str | None:
+    """What makes the checkpoint at `path` unloadable (a file missing, cut short, changed or
+    unreadable, in its own part or an exploiter's, or one its manifest does not record), or None
+    when it is whole. Without `digests`, its files' contents are not hashed (their sizes still
+    count)."""
     path = Path(path)
     exploiters = path / EXPLOITERS_DIR
     for part in [path, *(sorted(exploiters.iterdir()) if exploiters.is_dir() else [])]:
@@ -170,7 +197,12 @@ def checkpoint_problem(path: Path) -> str | None:
         _saved_step(path)
     except READ_ERRORS as err:
         return f"{STATE_FILE} holds no step: {err!r}"
-    return None
+    if not (path / MANIFEST).is_file():
+        return None
+    try:
+        return _unlike_manifest(path, digests)
+    except READ_ERRORS as err:
+        return f"{MANIFEST} is unreadable: {err!r}"
 
 
 def exploiter_checkpoint(checkpoint: Path, name: str) -> Path:
@@ -210,6 +242,43 @@ def _write(directory: Path, step: int, learner, state: dict) -> None:
     (directory / STATE_FILE).write_text(json.dumps({"step": step, **state}, indent=1))
 
 
+def _write_manifest(directory: Path) -> None:
+    """Record every file of the checkpoint in `directory`, flushed to disk before the rename
+    publishes it: its size and SHA-256, read back in a stream (the pages just written)."""
+    files = {}
+    for file in sorted(p for p in directory.rglob("*") if p.is_file()):
+        with open(file, "rb") as stream:
+            os.fsync(stream.fileno())
+            digest = hashlib.file_digest(stream, "sha256").hexdigest()
+        files[file.relative_to(directory).as_posix()] = {"bytes": file.stat().st_size, "sha256": digest}
+    with open(directory / MANIFEST, "w") as stream:
+        json.dump({"files": files}, stream, indent=1)
+        stream.flush()
+        os.fsync(stream.fileno())
+
+
+def _unlike_manifest(path: Path, digests: bool) -> str | None:
+    """The first way the files of the checkpoint at `path` differ from its manifest: one
+    missing, cut short or grown, changed (with `digests`), or not recorded (a loader reads
+    some files by their presence: `adapter_config.json` makes a directory a LoRA adapter)."""
+    recorded = json.loads((path / MANIFEST).read_text())["files"]
+    present = {p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()} - {MANIFEST}
+    unrecorded = sorted(present - recorded.keys())
+    if unrecorded:
+        return f"{unrecorded[0]} is not one of its files (delete it)"
+    for name, record in recorded.items():
+        if name not in present:
+            return f"{name} is missing"
+        size = (path / name).stat().st_size
+        if size != record["bytes"]:
+            return f"{name} holds {size:,} bytes, not the {record['bytes']:,} written"
+        if digests:
+            with open(path / name, "rb") as stream:
+                if hashlib.file_digest(stream, "sha256").hexdigest() != record["sha256"]:
+                    return f"{name} is changed since it was written (its SHA-256 differs)"
+    return None
+
+
 def _discard(checkpoint: Path) -> None:
     """Delete a checkpoint, renaming it first: a crash midway leaves a hidden leftover, not a
     directory that looks like a checkpoint."""
@@ -233,11 +302,3 @@ def _rng_states() -> dict[str, torch.Tensor]:
     if torch.cuda.is_available():
         states.update({f"cuda.{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
     return states
-
-
-def _fsync_tree(directory: Path) -> None:
-    """Flush every file to disk before the rename publishes the checkpoint."""
-    for path in directory.rglob("*"):
-        if path.is_file():
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())

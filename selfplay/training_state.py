@@ -11,6 +11,7 @@ Two layouts, each readable by a learner of any process count:
 
 from __future__ import annotations
 
+import errno
 import json
 import warnings
 from pathlib import Path
@@ -19,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, load_model, save_file, save_model
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -26,6 +28,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+
+from selfplay.files import WRITE_FAILURES, is_disk_full
 
 OPTIMIZER_FILE, OPTIMIZER_SETTINGS, REFERENCE_FILE = "optimizer.safetensors", "optimizer.json", "reference.safetensors"
 SHARDED_DIR = "training_state"
@@ -45,7 +49,25 @@ def save(learner, directory: Path) -> None:
     state = {"optimizer": get_optimizer_state_dict(learner.model, learner.optimizer)}
     if learner.reference_moved:
         state["reference"] = get_model_state_dict(learner.reference)
-    dcp.save(state, checkpoint_id=directory / SHARDED_DIR)
+    try:
+        dcp.save(state, checkpoint_id=directory / SHARDED_DIR)
+    except CheckpointException as failed:
+        raise _write_error(failed) from None
+
+
+def _write_error(failed: CheckpointException) -> BaseException:
+    """What a sharded save that failed raises: a process's failed write (a full disk first) as
+    the OSError it was, which every process then meets and the checkpoint reports as any failed
+    write; anything else as DCP raised it. torch's writer reports a file written short (what a
+    full disk does to it) as a RuntimeError saying "unexpected pos"."""
+    errors = [error for _, (error, _trace) in sorted(failed.failures.items())]
+    written = [error for error in errors if isinstance(error, WRITE_FAILURES)]
+    if written:
+        return next((error for error in written if is_disk_full(error)), written[0])
+    short = [error for error in errors if isinstance(error, RuntimeError) and "unexpected pos" in str(error)]
+    if short:
+        return OSError(errno.EIO, f"a file of the sharded training state was written short ({short[0]})")
+    return failed
 
 
 def load(learner, directory: Path) -> None:

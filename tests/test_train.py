@@ -403,11 +403,11 @@ def test_a_kill_while_pruning_leaves_no_checkpoint_that_looks_complete(run_copy,
 
     monkeypatch.setattr(shutil, "rmtree", killed_midway)
     with pytest.raises(Killed):
-        resume(run_copy, ["steps=4", "keep_checkpoints=2"])  # step 4's save prunes steps 1 and 2
+        resume(run_copy, ["steps=4", "keep_checkpoints=2"])  # step 4's save first prunes steps 1 and 2
     monkeypatch.setattr(shutil, "rmtree", remove)
     checkpoints = RunDir(run_copy).checkpoints
     assert (checkpoints / ".step-000001.deleting" / STATE_FILE).exists()
-    assert [p.name for p in list_checkpoints(run_copy)] == ["step-000002", "step-000003", "step-000004"]
+    assert [p.name for p in list_checkpoints(run_copy)] == ["step-000002", "step-000003"]
     assert all(checkpoint_problem(p) is None for p in list_checkpoints(run_copy))
     resume(run_copy, ["steps=5", "keep_checkpoints=2"])  # the next save removes the leftover
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step-000004", "step-000005"]
