@@ -435,6 +435,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as err:
         print("selfplay: error:", *str(err).splitlines(), file=sys.stderr)  # one line, however it was written
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: the command cleaned up as it stopped, and says no more
+        print("selfplay: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -314,13 +314,15 @@ class Trainer:
         self.workers, self.started_ray = None, False  # Ray rollout workers, with `distributed.rollout_workers`
         self.league: League | None = None
         self.trackers: Trackers | None = None
+        self.step = 0  # until `_open` reads the checkpoint's
         try:
             self._open(resume)
         except BaseException as err:
             self.close(failing=True)  # a sharded learner's processes and Ray's workers must not outlive the run
-            if failed_write(err):
-                raise run_stopped_by(err, self.run_dir, getattr(self, "step", 0)) from None
-            raise
+            stop = self._stop_error(err)
+            if stop is err:
+                raise
+            raise stop from None
 
     def _open(self, resume: bool) -> None:
         """Load the run's models, league and logs: a new run's, or a resumed run's as its latest

@@ -429,3 +429,16 @@ def test_export_keeps_what_it_did_not_write_and_makes_its_directory_as_any_other
             assert stat.S_IMODE((workdir / target).stat().st_mode) == 0o750
     finally:
         os.umask(umask)
+
+
+def test_an_interrupt_is_one_line_with_exit_code_130(monkeypatch, capsys):
+    """Ctrl-C: the command cleans up as it stops (a sharded learner's processes included), and
+    the command line says so in one line, not a traceback."""
+    from selfplay import cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_cmd_games_list", interrupted)
+    assert main(["games", "list"]) == 130
+    assert capsys.readouterr().err == "selfplay: interrupted\n"

@@ -1,13 +1,19 @@
 """The learner sharded over two processes (FSDP2 over gloo, on the CPU): it learns as one process
-does, repeats itself exactly, resumes across process counts, streams whole weights, and stops a
-run cleanly when one of its processes dies."""
+does, repeats itself exactly, resumes across process counts, streams whole weights, stops a run
+cleanly when one of its processes dies, and ends every process within seconds of an interrupt
+or of the trainer's end."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import signal
+import subprocess
+import sys
+import threading
+import time
 
+import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -164,6 +170,73 @@ def test_a_learner_process_that_dies_stops_the_run_naming_its_last_checkpoint(ti
     assert f"step 2, is kept: continue from it with `selfplay train --resume {run_dir}`" in message
     assert [p.name for p in list_checkpoints(run_dir)] == ["step-000001", "step-000002"]
     assert checkpoint_problem(list_checkpoints(run_dir)[-1]) is None
+
+
+def test_a_learner_process_that_dies_while_a_resume_loads_its_state_stops_it_with_one_message(
+    runs, tmp_path, monkeypatch
+):
+    run_dir = shutil.copytree(runs["two"], tmp_path / "run")
+    load = LearnerGroup.load_training_state
+
+    def kill_a_peer_then_load(group, directory):
+        os.kill(group.peers[0].pid, signal.SIGKILL)
+        group.peers[0].join()
+        load(group, directory)
+
+    monkeypatch.setattr(LearnerGroup, "load_training_state", kill_a_peer_then_load)
+    with pytest.raises(UserError) as stopped:
+        train_command(None, [f"steps={STEPS + 1}"], resume=str(run_dir), progress=False)
+    assert str(stopped.value) == (
+        f"The run stopped at step {STEPS}: learner process 1 stopped (killed by signal 9). Its last good checkpoint, "
+        f"step {STEPS}, is kept: continue from it with `selfplay train --resume {run_dir}`."
+    )
+
+
+def test_an_interrupt_ends_every_learner_process_within_seconds_even_waiting_on_a_stopped_one(tiny_model_dir):
+    """SIGINT reaches the trainer while it waits in a collective for a peer that is stopped
+    (SIGSTOP): Python would run no handler until the collective's timeout."""
+    group = LearnerGroup(str(tiny_model_dir), LearnerConfig(processes=2))
+    peer = group.peers[0]
+    os.kill(peer.pid, signal.SIGSTOP)
+    interrupt = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+    never_hang = threading.Timer(30.0, peer.kill)  # what ends the call otherwise, in this test
+    interrupt.start()
+    never_hang.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            group.held_bytes()  # gathers from every process
+        group.close()
+    finally:
+        never_hang.cancel()
+        peer.kill()
+    assert time.monotonic() - started < 10
+    assert peer.exitcode == -signal.SIGKILL
+
+
+def test_the_learner_processes_end_with_a_trainer_killed_without_cleanup(tiny_model_dir):
+    trainer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time; from selfplay.config import LearnerConfig; "
+            "from selfplay.distributed.learner_group import LearnerGroup; "
+            f"group = LearnerGroup({str(tiny_model_dir)!r}, LearnerConfig(processes=2)); "
+            "print(group.peers[0].pid, flush=True); time.sleep(300)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        peer = psutil.Process(int(trainer.stdout.readline()))
+    finally:
+        trainer.kill()
+        trainer.wait()
+    try:
+        peer.wait(timeout=10)
+    except psutil.TimeoutExpired:
+        peer.kill()
+        pytest.fail("the learner process outlived its trainer by 10 s")
 
 
 def test_settings_the_sharded_learner_cannot_take_are_refused_with_the_reason(tiny_model_dir):

@@ -9,6 +9,14 @@ processes run it together, each on its share of the samples, meeting in the same
 A peer that dies breaks the group's next collective: the trainer's call then raises
 `LearnerProcessDied` naming the process, and the run stops keeping its last checkpoint (which a
 checkpoint write in progress never replaces: see `selfplay.checkpoint`).
+
+Every process ends within seconds of the trainer's, however that ends. An interrupt (SIGINT)
+is the trainer's to act on: the peers ignore it (a terminal sends it to every process), and the
+trainer kills them the moment it arrives, from a thread of its own, since its main thread may
+be waiting in a collective (on a stopped peer, until the collective's timeout) where Python runs
+no signal handler. Closing after a call that did not end kills the peers too: they may be
+waiting in its collectives, where no message to stop reaches them. A peer whose trainer is gone
+(killed with no cleanup) exits by itself.
 """
 
 from __future__ import annotations
@@ -16,9 +24,12 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import signal
 import socket
+import threading
+import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -26,12 +37,17 @@ import torch.distributed as dist
 
 from selfplay.config import LearnerConfig
 from selfplay.errors import UserError
+from selfplay.files import WRITE_FAILURES
 from selfplay.learner import Learner, NonFiniteUpdate
 from selfplay.sharding import Shards, init_process_group, threads_per_process
 
 # How long a process waits for the others in one collective before the group gives up: longer
 # than any update or checkpoint write takes, shorter than a hung run should go unnoticed.
 COLLECTIVE_TIMEOUT_MINUTES = 30
+# How long peers told to stop get to leave the group before they are killed.
+STOP_GRACE_SECONDS = 10
+# How often a peer checks that the trainer's process is still there.
+PARENT_CHECK_SECONDS = 1.0
 STOP = "stop"
 
 
@@ -96,7 +112,7 @@ class LearnerGroup:
         self.peers = [
             context.Process(
                 target=_serve,
-                args=(Shards(rank, config.processes, devices[rank]), port, arguments),
+                args=(Shards(rank, config.processes, devices[rank]), port, arguments, os.getpid()),
                 name=f"selfplay-learner-{rank}",
                 daemon=True,
             )
@@ -104,35 +120,49 @@ class LearnerGroup:
         ]
         for peer in self.peers:
             peer.start()
-        shards = Shards(0, config.processes, devices[0])
-        self.shards = shards
-        init_process_group(shards, "127.0.0.1", port, COLLECTIVE_TIMEOUT_MINUTES)
-        failure = None
+        self.interrupted, self.between_calls = False, False
+        self.interrupt_watch = InterruptWatch(self._interrupt)
+        self.shards = shards = Shards(0, config.processes, devices[0])
         try:
-            self.local = Learner(**arguments, shards=shards)
-        except Exception as err:  # the peers hear of it below, and stop
-            failure = err
-        problems = shards.gather(None if failure is None else f"{type(failure).__name__}: {failure}")
-        if any(problem is not None for problem in problems):
-            for peer in self.peers:
-                peer.join()
-            dist.destroy_process_group()
+            with self._group_call():  # every process builds its learner
+                init_process_group(shards, "127.0.0.1", port, COLLECTIVE_TIMEOUT_MINUTES)
+                failure = None
+                try:
+                    self.local = Learner(**arguments, shards=shards)
+                except Exception as err:  # the peers hear of it below, and stop
+                    failure = err
+                problems = shards.gather(None if failure is None else f"{type(failure).__name__}: {failure}")
             if failure is not None:
                 raise failure
-            raise RuntimeError(f"A learner process could not start: {next(p for p in problems if p)}")
+            if any(problem is not None for problem in problems):
+                raise RuntimeError(f"A learner process could not start: {next(p for p in problems if p)}")
+        except BaseException:
+            self.between_calls = False  # a group that did not start is not told to stop: its peers are ended
+            self.close()
+            raise
 
     # -- what every process runs ---------------------------------------------------------------
 
     def _call(self, method: str, *args):
         """Run `method` on every process of the group; returns rank 0's result."""
-        try:
+        with self._group_call():
             self.shards.from_first((method, args))
             return getattr(self.local, method)(*args)
-        except NonFiniteUpdate:
+
+    @contextlib.contextmanager
+    def _group_call(self):
+        """A call that every process runs: the group is between calls again once it ends, and a
+        fault that breaks it (a peer that died, an interrupt) is raised as such."""
+        self.between_calls = False
+        try:
+            yield
+        except BaseException as err:
+            if self.interrupted:  # the peers were killed for it, which broke the call
+                raise KeyboardInterrupt from None
+            if isinstance(err, RuntimeError) and not isinstance(err, NonFiniteUpdate):
+                self._raise_if_a_peer_died(err)  # a collective a dead peer broke (DistBackendError is one)
             raise
-        except RuntimeError as err:  # a collective a dead peer broke (DistBackendError is one)
-            self._raise_if_a_peer_died(err)
-            raise
+        self.between_calls = True
 
     def update(self, samples, lr=None):
         return self._call("update", samples, lr)
@@ -157,12 +187,9 @@ class LearnerGroup:
 
     def policy_weights(self, dtype: torch.dtype = torch.float32) -> Iterator[tuple[str, torch.Tensor]]:
         """The policy's weights, one whole tensor at a time (see `Learner.policy_weights`)."""
-        weights = self._call("policy_weights", dtype)
-        try:
-            yield from weights
-        except RuntimeError as err:
-            self._raise_if_a_peer_died(err)
-            raise
+        with self._group_call():
+            self.shards.from_first(("policy_weights", (dtype,)))
+            yield from self.local.policy_weights(dtype)
 
     def export_weights(self, path: Path, dtype: torch.dtype = torch.float32) -> Path:
         from selfplay.backends.base import save_weights
@@ -208,24 +235,83 @@ class LearnerGroup:
                 how = f"killed by signal {-peer.exitcode}" if peer.exitcode < 0 else f"exit code {peer.exitcode}"
                 raise LearnerProcessDied(f"learner process {peer.name.rsplit('-', 1)[1]} stopped ({how})") from err
 
+    def _interrupt(self) -> None:
+        self.interrupted = True
+        for peer in self.peers:
+            peer.kill()
+
     def close(self) -> None:
-        """Stop the peers and leave the group."""
-        if not dist.is_initialized():
+        """Stop the peers and leave the group. Peers waiting for the next call are told to stop;
+        after a call that did not end (a failure, an interrupt) they are killed, as they may be
+        waiting in its collectives."""
+        if self.interrupt_watch is None:  # closed already
             return
-        if all(peer.is_alive() for peer in self.peers):
+        if self.between_calls and all(peer.is_alive() for peer in self.peers):
             with contextlib.suppress(RuntimeError):
                 self.shards.from_first((STOP, ()))
+        else:
+            for peer in self.peers:
+                peer.kill()
         for peer in self.peers:
-            peer.join(timeout=30)
+            peer.join(timeout=STOP_GRACE_SECONDS)
             if peer.is_alive():
                 peer.kill()
-        dist.destroy_process_group()
+                peer.join()
+        self.interrupt_watch.close()
+        self.interrupt_watch = None
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
-def _serve(shards: Shards, port: int, arguments: dict) -> None:
+class InterruptWatch:
+    """Calls `on_interrupt` from a thread of its own the moment SIGINT reaches this process,
+    whatever its main thread is doing: Python runs a signal's handler (KeyboardInterrupt) only
+    between the main thread's bytecodes, never while it waits in C++ (a collective). The signal
+    handler writes the signal's number to `signal.set_wakeup_fd`, which this thread reads (and
+    passes on to the file it replaced). Only the main thread may set it: made elsewhere, a watch
+    does nothing."""
+
+    def __init__(self, on_interrupt: Callable[[], None]):
+        self.reading, self.writing = os.pipe()
+        os.set_blocking(self.writing, False)  # the signal handler never waits
+        try:
+            self.replaced = signal.set_wakeup_fd(self.writing, warn_on_full_buffer=False)
+        except ValueError:  # not the main thread
+            os.close(self.reading)
+            os.close(self.writing)
+            self.writing = None
+            return
+        threading.Thread(target=self._watch, args=(on_interrupt,), name="selfplay-interrupt-watch", daemon=True).start()
+
+    def _watch(self, on_interrupt: Callable[[], None]) -> None:
+        while signals := os.read(self.reading, 64):
+            if self.replaced >= 0:
+                with contextlib.suppress(OSError):
+                    os.write(self.replaced, signals)
+            if signal.SIGINT in signals:
+                on_interrupt()
+        os.close(self.reading)
+
+    def close(self) -> None:
+        """Give the wakeup file back; the thread ends with its pipe."""
+        if self.writing is not None:
+            signal.set_wakeup_fd(self.replaced)
+            os.close(self.writing)
+            self.writing = None
+
+
+def _serve(shards: Shards, port: int, arguments: dict, trainer_pid: int) -> None:
     """A peer's life: join the group, build its learner, then run each call rank 0 hands over
     until told to stop. An error in a call is rank 0's to report (it meets the same one, or a
-    broken collective); the peer goes on to the next call."""
+    broken collective); the peer goes on to the next call. An interrupt is the trainer's to act
+    on, and the peer ends when the trainer's process does."""
+    from transformers.utils import logging as transformers_logging
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_without, args=(trainer_pid,), name="selfplay-trainer-watch", daemon=True).start()
+    # The trainer's output is the run's: and a bar's lock, registered with multiprocessing's
+    # resource tracker, would be reported leaked by a peer that was killed.
+    transformers_logging.disable_progress_bar()
     torch.set_num_threads(threads_per_process(shards.processes))
     init_process_group(shards, "127.0.0.1", port, COLLECTIVE_TIMEOUT_MINUTES)
     problem, learner = None, None
@@ -245,9 +331,18 @@ def _serve(shards: Shards, port: int, arguments: dict) -> None:
             if isinstance(result, Iterator):  # a stream: every tensor is gathered by all
                 for _ in result:
                     pass
-        except Exception:
-            traceback.print_exc()
+        except Exception as err:
+            if not isinstance(err, WRITE_FAILURES):  # a failed write (of a sharded checkpoint) every process meets
+                traceback.print_exc()
     dist.destroy_process_group()
+
+
+def _exit_without(trainer_pid: int) -> None:
+    """Exit this process once the trainer's process `trainer_pid`, its parent, is gone (as
+    torch's DataLoader workers do): a trainer killed with no cleanup leaves no peer behind."""
+    while os.getppid() == trainer_pid:
+        time.sleep(PARENT_CHECK_SECONDS)
+    os._exit(1)
 
 
 def _free_port() -> int:
