@@ -91,11 +91,9 @@ def save_checkpoint(
             _write(scratch / EXPLOITERS_DIR / name, step, exploiter, exploiter_state)
         _write(scratch, step, learner, state)
         _write_manifest(scratch)
-    except BaseException as err:
+    except (*WRITE_FAILURES, WriteError) as err:
         shutil.rmtree(scratch, ignore_errors=True)
-        if isinstance(err, (*WRITE_FAILURES, WriteError)):
-            raise write_failure("the checkpoint", final, err) from None
-        raise
+        raise write_failure("the checkpoint", final, err) from None
     if final.exists():  # a re-run of a step after a resume
         _discard(final)
     scratch.rename(final)
