@@ -31,7 +31,6 @@ of its layout present, and each JSON and safetensors file readable whole.)
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -45,7 +44,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from selfplay.errors import UserError
-from selfplay.files import WRITE_FAILURES, WriteError, write_failure
+from selfplay.files import WRITE_FAILURES, WriteError, file_sha256, write_failure
 from selfplay.run_dir import RunDir
 from selfplay.training_state import FILES_LAYOUT, SHARDED_LAYOUT
 
@@ -247,8 +246,7 @@ def _write_manifest(directory: Path) -> None:
     for file in sorted(p for p in directory.rglob("*") if p.is_file()):
         with open(file, "rb") as stream:
             os.fsync(stream.fileno())
-            digest = hashlib.file_digest(stream, "sha256").hexdigest()
-        files[file.relative_to(directory).as_posix()] = {"bytes": file.stat().st_size, "sha256": digest}
+        files[file.relative_to(directory).as_posix()] = {"bytes": file.stat().st_size, "sha256": file_sha256(file)}
     with open(directory / MANIFEST, "w") as stream:
         json.dump({"files": files}, stream, indent=1)
         stream.flush()
@@ -270,10 +268,8 @@ def _unlike_manifest(path: Path, digests: bool) -> str | None:
         size = (path / name).stat().st_size
         if size != record["bytes"]:
             return f"{name} holds {size:,} bytes, not the {record['bytes']:,} written"
-        if digests:
-            with open(path / name, "rb") as stream:
-                if hashlib.file_digest(stream, "sha256").hexdigest() != record["sha256"]:
-                    return f"{name} is changed since it was written (its SHA-256 differs)"
+        if digests and file_sha256(path / name) != record["sha256"]:
+            return f"{name} is changed since it was written (its SHA-256 differs)"
     return None
 
 

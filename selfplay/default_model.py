@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -33,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from selfplay.errors import UserError
-from selfplay.files import WRITE_FAILURES, WriteError, write_failure
+from selfplay.files import WRITE_FAILURES, WriteError, file_sha256, write_failure
 from selfplay.untrained_model import build_untrained
 from selfplay.warm_start import BATCH_SIZE, LR, PRECISION, STEPS, TILT, VIEW_SHARE, warm_start
 
@@ -53,7 +52,6 @@ MODEL_SPECS_HELP = (
     "a Hugging Face model directory or hub name, default (the built-in model), a GGUF file, a run directory "
     "(its newest checkpoint), a checkpoint directory, or a league player RUN_DIR@PLAYER"
 )
-HASH_CHUNK_BYTES = 2**20
 _verified: set[Path] = set()  # shipped models whose checksums this process has checked
 
 
@@ -299,15 +297,6 @@ def file_checksums(path: Path) -> dict[str, str]:
     """The SHA-256 of every file of the model directory `path` but its build record."""
     files = [file for file in sorted(Path(path).iterdir()) if file.is_file() and file.name != BUILD_INFO]
     return {file.name: file_sha256(file) for file in files}
-
-
-def file_sha256(file: Path) -> str:
-    """The SHA-256 of `file`, read a chunk at a time: model files run to gigabytes."""
-    digest = hashlib.sha256()
-    with open(file, "rb") as stream:
-        for chunk in iter(lambda: stream.read(HASH_CHUNK_BYTES), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def verify_checksums(path: Path) -> None:

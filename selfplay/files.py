@@ -12,6 +12,7 @@ way and published only onto nothing or an empty directory (`published_directory`
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -28,6 +29,7 @@ from selfplay.errors import UserError
 # What a write raises when it fails: safetensors reports a full disk as SafetensorError.
 WRITE_FAILURES = (OSError, SafetensorError)
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+HASH_CHUNK_BYTES = 2**20
 
 
 class WriteError(UserError):
@@ -139,6 +141,15 @@ def read_json_lines(path: str | Path) -> list:
         except ValueError:
             continue
     return values
+
+
+def file_sha256(file: Path) -> str:
+    """The SHA-256 of `file`, read a chunk at a time: model and checkpoint files run to gigabytes."""
+    digest = hashlib.sha256()
+    with open(file, "rb") as stream:
+        for chunk in iter(lambda: stream.read(HASH_CHUNK_BYTES), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _write(path: Path, text: str, mode: str) -> None:

@@ -45,11 +45,10 @@ from selfplay.default_model import (
     built_in_place,
     converted_once,
     file_checksums,
-    file_sha256,
     resolve_model,
 )
 from selfplay.errors import UserError
-from selfplay.files import WriteError, published_directory
+from selfplay.files import WriteError, file_sha256, published_directory
 from selfplay.rollouts import RolloutSettings
 from selfplay.run_dir import RunDir
 

@@ -14,15 +14,14 @@ from selfplay.backends import SamplingSettings
 from selfplay.default_model import (
     ASKED_WITH,
     BUILD_INFO,
-    HASH_CHUNK_BYTES,
     SHIPPED_MODEL,
     build_default_model,
-    file_sha256,
     is_current_build,
     resolve_model,
     verify_checksums,
 )
 from selfplay.errors import UserError
+from selfplay.files import HASH_CHUNK_BYTES, file_sha256
 from selfplay.match import play_series
 from selfplay.rollouts import RolloutSettings
 
