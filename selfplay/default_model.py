@@ -353,6 +353,7 @@ def build_once(path: Path, is_built: Callable[[Path], bool], build: Callable[[Pa
             f"{failure} Free space there, or set SELFPLAY_HOME to a directory on a disk with room: selfplay keeps "
             "the models it builds and converts there.",
             failure.reason,
+            failure.disk_full,
         ) from None
 
 

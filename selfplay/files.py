@@ -33,23 +33,25 @@ HASH_CHUNK_BYTES = 2**20
 
 
 class WriteError(UserError):
-    """A file could not be written, for `reason`; nothing half-written was left where a reader
-    would take it for whole."""
+    """A file could not be written, for `reason` (`disk_full`: for want of space); nothing
+    half-written was left where a reader would take it for whole."""
 
-    def __init__(self, message: str, reason: str):
+    def __init__(self, message: str, reason: str, disk_full: bool = False):
         super().__init__(message)
         self.reason = reason
+        self.disk_full = disk_full
 
 
 def write_failure(what: str, path: str | Path, err: BaseException) -> WriteError:
     """The one message for a failed write of `what` at `path` (`err`: the write's error, or the
     WriteError of a file written as part of it)."""
     if isinstance(err, WriteError):
-        reason = err.reason
+        reason, disk_full = err.reason, err.disk_full
     else:
         reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        disk_full = is_disk_full(err)
     message = f"Could not write {what} '{path}': {reason} (the disk holding it has {free_gib(path):.2f} GiB free)."
-    return WriteError(message, reason)
+    return WriteError(message, reason, disk_full)
 
 
 def free_gib(path: str | Path) -> float:

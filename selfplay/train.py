@@ -952,9 +952,10 @@ def run_stopped_by(err: BaseException, run_dir: Path, step: int) -> UserError:
         if list_checkpoints(run_dir)
         else "start it again (it saved no checkpoint)"
     )
+    fix = "Free space on that disk (or lower keep_checkpoints)" if failure.disk_full else "Make it writable"
     return UserError(
         f"{failure} The run stopped at step {step}; nothing half-written was left and its saved checkpoints are "
-        f"whole. Free space on that disk (or lower keep_checkpoints), then {then}."
+        f"whole. {fix}, then {then}."
     )
 
 

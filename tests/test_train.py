@@ -30,7 +30,7 @@ from selfplay.league.manager import League
 from selfplay.learner import Learner, NonFiniteUpdate
 from selfplay.run_dir import RunDir
 from selfplay.tracking import Trackers
-from selfplay.train import COLLAPSE_STEPS, Trainer, TrainingDiverged, train_command
+from selfplay.train import COLLAPSE_STEPS, Trainer, TrainingDiverged, run_stopped_by, train_command
 
 TINY = [
     "steps=2",
@@ -411,6 +411,21 @@ def test_a_kill_while_pruning_leaves_no_checkpoint_that_looks_complete(run_copy,
     assert all(checkpoint_problem(p) is None for p in list_checkpoints(run_copy))
     resume(run_copy, ["steps=5", "keep_checkpoints=2"])  # the next save removes the leftover
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step-000004", "step-000005"]
+
+
+@pytest.mark.parametrize(
+    ("error", "fix"),
+    [
+        (OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), "Free space on that disk (or lower keep_checkpoints)"),
+        (PermissionError(errno.EPERM, os.strerror(errno.EPERM)), "Make it writable"),
+    ],
+    ids=["disk-full", "not-permitted"],
+)
+def test_a_write_that_stopped_the_run_is_told_the_fix_for_its_cause(tmp_path, error, fix):
+    message = str(run_stopped_by(error, tmp_path, 2))
+    assert os.strerror(error.errno) in message and f"{fix}, then start it again" in message
+    other = "Make it writable" if fix.startswith("Free") else "Free space"
+    assert other not in message
 
 
 @pytest.mark.slow
