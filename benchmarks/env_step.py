@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from selfplay.games import make_env
-from selfplay.games.registry import NATIVE_GAMES
+from selfplay.games.registry import builtin_games
 
 
 def measure(game: str, concurrent: int, steps: int, seed: int) -> dict:
@@ -59,7 +59,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrent", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=30_000, help="steps measured per game")
-    parser.add_argument("--games", nargs="+", default=list(NATIVE_GAMES))
+    parser.add_argument("--games", nargs="+", default=builtin_games())
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 

@@ -4,7 +4,9 @@ A game spec is one of:
 
 - `NAME` or `NAME(key=value, ...)`: a native game, or one a package registers under the
   `selfplay.games` entry-point group (the entry point names a `TextGame` subclass or any
-  callable that takes the spec's keyword arguments and returns a `TextGame`);
+  callable that takes the spec's keyword arguments and returns a `TextGame`). selfplay's own
+  role games (in `roles/`, built on this package) register that way too, in pyproject.toml, so
+  that `games/` never imports `roles/`;
 - `openspiel:NAME` or `openspiel:NAME(key=value, ...)`: any OpenSpiel game of two or more
   players with OpenSpiel's own game parameters, turn-based or with simultaneous moves (played
   through OpenSpiel's turn-based conversion);
@@ -40,10 +42,9 @@ NATIVE_GAMES: dict[str, str] = {
     "liars_dice": "selfplay.games.liars_dice:LiarsDice",
     "nim": "selfplay.games.nim:Nim",
     "negotiation": "selfplay.games.negotiation:SimpleNegotiation",
-    "secret_keeping": "selfplay.games.secret_keeping:SecretKeeping",
-    "proposer_solver": "selfplay.games.proposer_solver:ProposerSolver",
-    "arithmetic": "selfplay.games.arithmetic:Arithmetic",
 }
+# The distribution whose entry-point games are built in rather than a plugin's.
+PACKAGE = "selfplay"
 
 ADAPTERS: dict[str, str] = {
     "openspiel": "selfplay.games.openspiel_game:OpenSpielGame",
@@ -62,14 +63,41 @@ def _load(target: str) -> Callable[..., TextGame]:
     return getattr(importlib.import_module(module), attr)
 
 
+def _is_builtin(ep: EntryPoint) -> bool:
+    return ep.dist is not None and ep.dist.name == PACKAGE
+
+
 def registered_games() -> dict[str, Callable[[], Callable[..., TextGame]]]:
-    """Every game name, native first, mapped to a loader of its factory."""
+    """Every game name, built-in first (native, then this package's entry points), mapped to a
+    loader of its factory."""
     games: dict[str, Callable[[], Callable[..., TextGame]]] = {
         name: (lambda target=target: _load(target)) for name, target in NATIVE_GAMES.items()
     }
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
+    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: not _is_builtin(ep)):
         games.setdefault(ep.name, lambda ep=ep: _load_entry_point(ep))
     return games
+
+
+def builtin_games() -> list[str]:
+    """The names of this package's own games: the native ones, then the role games it registers
+    as entry points."""
+    return [*NATIVE_GAMES, *(ep.name for ep in _builtin_entry_points())]
+
+
+def _builtin_entry_points() -> list[EntryPoint]:
+    return [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if _is_builtin(ep)]
+
+
+def _stale_install_warning() -> str | None:
+    """What to do when this package's installed metadata names none of its entry-point games
+    (installed before they moved there, or not installed at all), else None."""
+    if _builtin_entry_points():
+        return None
+    return (
+        "selfplay's installed package metadata registers none of its role games (secret keeping, "
+        f"proposer/solver, ...: entry-point group {ENTRY_POINT_GROUP}); run `pip install -e .` in the "
+        "selfplay source tree to register them."
+    )
 
 
 class BrokenPluginError(UserError):
@@ -138,7 +166,8 @@ def make_game(spec: str) -> TextGame:
     else:
         games = registered_games()
         if name not in games:
-            raise UnknownGameError(f"Unknown game '{name}'. {_spec_help()}")
+            stale = _stale_install_warning()
+            raise UnknownGameError(f"Unknown game '{name}'. {stale + ' ' if stale else ''}{_spec_help()}")
         factory = games[name]()
     check_parameters(f"Game '{name}'", params, _signature(factory).parameters)
     try:
@@ -235,6 +264,9 @@ def make_env(
 def describe_games() -> list[tuple[str, str]]:
     """(name, one-line description) of every registered game; a package's game that cannot be
     loaded is left out with a warning naming it."""
+    stale = _stale_install_warning()
+    if stale:
+        print(f"warning: {stale}", file=sys.stderr)
     rows = []
     for name, loader in registered_games().items():
         try:

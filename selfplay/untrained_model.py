@@ -28,8 +28,8 @@ MODEL_SHAPE = dict(
 MAX_POSITIONS = 8192
 
 
-# The games the default model's tokenizer and warm start cover: the native games of its build.
-# A native game added since is not among them, so that adding one leaves the recipe (and the
+# The games the default model's tokenizer and warm start cover: the built-in games of its build.
+# A built-in game added since is not among them, so that adding one leaves the recipe (and the
 # shipped model it must rebuild) as it was.
 RECIPE_GAMES = (
     "tictactoe",

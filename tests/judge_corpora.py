@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from selfplay.games.secret_keeping import BENIGN_QUESTIONS, SECRET_WORDS, SecretKeeping
 from selfplay.roles.judges import english_words
+from selfplay.roles.secret_keeping import BENIGN_QUESTIONS, SECRET_WORDS, SecretKeeping
 
 DATA = Path(__file__).parent / "data" / "judge"
 # The game whose parsing and judge the cases go through. Its cap on a message, which counts the

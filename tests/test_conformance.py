@@ -1,4 +1,4 @@
-"""Every native game and the adapters pass PettingZoo's own conformance tests."""
+"""Every built-in game and the adapters pass PettingZoo's own conformance tests."""
 
 import random
 
@@ -6,7 +6,7 @@ import pytest
 from pettingzoo.test import api_test, seed_test
 
 from selfplay.games import InvalidMovePolicy, make_env
-from selfplay.games.registry import NATIVE_GAMES
+from selfplay.games.registry import builtin_games
 
 NATIVE_VARIANTS = [
     "liars_dice(numdice=2)",
@@ -28,7 +28,7 @@ PETTINGZOO_GAMES = [
     "pettingzoo:pettingzoo.classic.rps_v2(max_cycles=3)",
     "pettingzoo:pettingzoo.classic.rps_v2.parallel_env(max_cycles=3)",
 ]
-ALL_GAMES = list(NATIVE_GAMES) + NATIVE_VARIANTS + OPENSPIEL_GAMES + PETTINGZOO_GAMES
+ALL_GAMES = builtin_games() + NATIVE_VARIANTS + OPENSPIEL_GAMES + PETTINGZOO_GAMES
 
 
 @pytest.mark.parametrize("spec", ALL_GAMES)

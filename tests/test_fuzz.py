@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from selfplay.games import InvalidMovePolicy, make_env
-from selfplay.games.registry import NATIVE_GAMES
+from selfplay.games.registry import builtin_games
 from tests.test_conformance import OPENSPIEL_GAMES, PETTINGZOO_GAMES
 
 boxed = st.text(max_size=30).map(lambda t: f"\\boxed{{{t}}}")
@@ -39,7 +39,7 @@ def env_for(spec):
     return ENVS[spec]
 
 
-@pytest.mark.parametrize("spec", list(NATIVE_GAMES) + OPENSPIEL_GAMES[:2] + PETTINGZOO_GAMES[:1])
+@pytest.mark.parametrize("spec", builtin_games() + OPENSPIEL_GAMES[:2] + PETTINGZOO_GAMES[:1])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(texts=outputs, seed=st.integers(0, 2**31 - 1))
 def test_arbitrary_output_never_raises(spec, texts, seed):

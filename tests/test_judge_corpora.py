@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from selfplay.games.base import ascii_text
-from selfplay.games.secret_keeping import BENIGN_QUESTIONS, SECRET_WORDS
 from selfplay.roles.judges import RuleJudge, english_words
+from selfplay.roles.secret_keeping import BENIGN_QUESTIONS, SECRET_WORDS
 from tests.judge_corpora import (
     ANSWER_TEMPLATES,
     cuts,

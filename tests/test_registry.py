@@ -6,10 +6,12 @@ from pettingzoo.test import api_test, seed_test
 
 from selfplay.cli import main
 from selfplay.errors import UserError
-from selfplay.games import make_env, make_game
-from selfplay.games.registry import NATIVE_GAMES, parse_spec, registered_games
+from selfplay.games import make_env, make_game, registry
+from selfplay.games.registry import UnknownGameError, builtin_games, parse_spec, registered_games
 
-README = Path(__file__).resolve().parents[1] / "games" / "README.md"
+GAMES_DIR = Path(__file__).resolve().parents[1] / "games"
+README = GAMES_DIR / "README.md"
+ROLE_GAMES = ["secret_keeping", "proposer_solver", "arithmetic"]
 
 
 @pytest.mark.parametrize(
@@ -49,11 +51,31 @@ def test_bad_specs_name_the_cause(spec, message):
     assert message in str(err.value)
 
 
-def test_every_native_game_is_registered_and_described():
+def test_every_builtin_game_is_registered_first_and_described():
     games = registered_games()
-    assert list(games)[: len(NATIVE_GAMES)] == list(NATIVE_GAMES)
-    for name in NATIVE_GAMES:
+    assert list(games)[: len(builtin_games())] == builtin_games()
+    for name in builtin_games():
         assert (games[name]().__doc__ or "").strip(), f"{name} needs a one-line description"
+
+
+def test_games_never_name_roles():
+    """roles/ is built on games/, never the other way round."""
+    sources = [path for path in GAMES_DIR.rglob("*") if path.is_file() and "__pycache__" not in path.parts]
+    assert [path.name for path in sources if "selfplay.roles" in path.read_text(errors="replace")] == []
+
+
+@pytest.mark.parametrize("name", ROLE_GAMES)
+def test_role_games_live_in_roles_and_are_built_in(name):
+    assert type(make_game(name)).__module__ == f"selfplay.roles.{name}"
+    assert name in builtin_games()
+
+
+def test_an_install_without_the_role_games_entry_points_says_to_reinstall(monkeypatch, capsys):
+    monkeypatch.setattr(registry, "entry_points", lambda group: [])
+    with pytest.raises(UnknownGameError, match=r"role games.*pip install -e \."):
+        make_game("secret_keeping")
+    assert main(["games", "list"]) == 0
+    assert "pip install -e ." in capsys.readouterr().err
 
 
 def readme_example(section: str = "Adding a game") -> str:

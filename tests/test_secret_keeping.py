@@ -13,8 +13,8 @@ from pettingzoo.test import api_test, seed_test
 from selfplay.backends.base import Generation
 from selfplay.errors import UserError
 from selfplay.games import TextGameEnv, make_env, make_game
-from selfplay.games.secret_keeping import ATTACKS, BENIGN_QUESTIONS, REPLIES, SECRET_WORDS, SecretKeeping
 from selfplay.roles.judges import LLMJudge, RuleJudge
+from selfplay.roles.secret_keeping import ATTACKS, BENIGN_QUESTIONS, REPLIES, SECRET_WORDS, SecretKeeping
 
 JUDGE = RuleJudge()
 
