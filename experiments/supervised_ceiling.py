@@ -68,9 +68,9 @@ from selfplay.evaluation.exploitability import (
     scored_states,
 )
 from selfplay.games.tictactoe import MARKS, shown_cells
-from selfplay.legal_decoding import Choices
+from selfplay.legal_decoding import Choices, allowed_mask
 from selfplay.prompts import PromptStyle, batch_prompt_ids
-from selfplay.scoring import autocast, response_logprobs, warn_if_bf16_emulated
+from selfplay.scoring import autocast, response_logprobs, vocab_size, warn_if_bf16_emulated
 
 GAME = "tictactoe"
 
@@ -184,7 +184,7 @@ def right_moves_loss(model, batch: list[Example], precision: str) -> torch.Tenso
     """Mean over `batch` of -log P(a right move), each move's answer read under legal decoding."""
     prompts, answers, choices = zip(*[(prompt, answer, legal) for prompt, right, legal in batch for answer in right])
     with autocast(precision, "cpu"):
-        logprobs = response_logprobs(model, prompts, answers, choices=choices)
+        logprobs = response_logprobs(model, prompts, answers, mask=allowed_mask(answers, choices, vocab_size(model)))
     per_answer = torch.stack([lp.float().sum() for lp in logprobs])
     per_row = [row.logsumexp(0) for row in per_answer.split([len(right) for _, right, _ in batch])]
     return -torch.stack(per_row).mean()

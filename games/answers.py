@@ -46,6 +46,29 @@ class AnswerFormat:
 BOXED = AnswerFormat()
 
 
+@dataclass(frozen=True)
+class AnswerGrammar:
+    """The form a whole answer must take under structured decoding (`selfplay.structured_decoding`):
+    a regular expression, or a grammar in xgrammar's EBNF (GBNF) whose rule `root` is the answer."""
+
+    regex: str = ""
+    ebnf: str = ""
+
+    def __post_init__(self):
+        if bool(self.regex) == bool(self.ebnf):
+            raise ValueError("an AnswerGrammar is a regex or an EBNF grammar: give exactly one")
+
+    @classmethod
+    def around(cls, answer_format: AnswerFormat, content: str) -> AnswerGrammar:
+        """`answer_format`'s markers around text matching the regular expression `content`."""
+        return cls(regex=re.escape(answer_format.opening) + f"(?:{content})" + re.escape(answer_format.closing))
+
+    @classmethod
+    def one_of(cls, answer_format: AnswerFormat, moves: list[str]) -> AnswerGrammar:
+        """An answer naming one of `moves`, as `answer_format.wrap` writes it."""
+        return cls.around(answer_format, "|".join(re.escape(move) for move in moves))
+
+
 def _balanced_brace_content(text: str, start: int) -> str | None:
     depth = 1
     for i in range(start, len(text)):

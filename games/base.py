@@ -23,7 +23,7 @@ from pettingzoo import AECEnv
 from pettingzoo.utils import AgentSelector
 
 from selfplay.errors import UserError
-from selfplay.games.answers import BOXED, AnswerFormat, normalize
+from selfplay.games.answers import BOXED, AnswerFormat, AnswerGrammar, normalize
 
 # Observation text is kept to printable ASCII so it always lies inside the Text spaces.
 _TEXT_SPACE_CHARSET = string.printable
@@ -126,6 +126,17 @@ class TextGame(ABC):
         environment's truncation) rather than played out; reported apart from draws."""
         return False
 
+    def answer_grammar(self) -> AnswerGrammar:
+        """The form the mover's answer takes under structured decoding: by default one of the
+        legal moves in the answer format. A game whose moves are free text (`lists_every_move`
+        False) declares its own, free inside its markers."""
+        if not self.lists_every_move:
+            raise UserError(
+                f"{type(self).__name__} takes free text and declares no answer grammar, which structured decoding "
+                "needs: play it with free decoding, or give the game an `answer_grammar`."
+            )
+        return AnswerGrammar.one_of(self.answer_format, self.legal_moves())
+
     def training_metrics(self) -> dict[str, float]:
         """Figures about the game itself that the trainer logs after each step (for example a
         task buffer's diversity); shared state across instances, since any one is asked."""
@@ -137,6 +148,12 @@ class TextGame(ABC):
         if any("," in move for move in moves):
             return "Legal moves, one per line:\n" + "\n".join(moves)
         return "Legal moves: " + ", ".join(moves)
+
+
+def declares_answer_grammar(game: TextGame) -> bool:
+    """Whether structured decoding can play `game`: it lists its moves, or declares the form of
+    its free-text answers."""
+    return game.lists_every_move or type(game).answer_grammar is not TextGame.answer_grammar
 
 
 @dataclass(frozen=True)

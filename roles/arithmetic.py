@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from selfplay.games.answers import AnswerGrammar
 from selfplay.games.base import TextGame
 from selfplay.roles.domains import Arithmetic as ArithmeticDomain
 from selfplay.roles.domains import Task
@@ -56,6 +57,9 @@ class Arithmetic(TextGame):
         """Example answers (the game takes any whole number), the same each time the state is asked."""
         rng = np.random.default_rng(self.example_seed)
         return list(dict.fromkeys(self.domain.example_answers(self.task, rng, EXAMPLE_MOVES)))
+
+    def answer_grammar(self) -> AnswerGrammar:
+        return self.domain.answer_grammar(self.task)
 
     def parse_move(self, answer: str) -> str | None:
         text = answer.strip()

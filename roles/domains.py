@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from selfplay.games.answers import BOXED, AnswerFormat
+from selfplay.games.answers import BOXED, AnswerFormat, AnswerGrammar
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,14 @@ class Domain(ABC):
     @abstractmethod
     def read_proposal(self, text: str, task_type: str) -> Task | None:
         """The validated task `text` proposes, or None if it is not a valid task."""
+
+    @abstractmethod
+    def proposal_grammar(self, task_type: str) -> AnswerGrammar:
+        """The form of a proposal of `task_type` under structured decoding, free where the task is."""
+
+    @abstractmethod
+    def answer_grammar(self, task: Task) -> AnswerGrammar:
+        """The form of an answer to `task` under structured decoding, free where the answer is."""
 
     @abstractmethod
     def readable(self, task: Task, answer: str) -> bool:
@@ -122,6 +130,17 @@ class Arithmetic(Domain):
             return _OPERATORS[type(node.op)][0](left, right), a + b
         raise ValueError("not an allowed expression")
 
+    def proposal_grammar(self, task_type: str) -> AnswerGrammar:
+        """Every expression of the allowed numbers and operators: each such proposal is valid."""
+        number = "|".join(str(n) for n in range(self.max_number + 1))
+        low, high = self.numbers
+        return AnswerGrammar.around(
+            self.answer_format, f"(?:{number})(?: ?[-+*] ?(?:{number})){{{low - 1},{high - 1}}}"
+        )
+
+    def answer_grammar(self, task: Task) -> AnswerGrammar:
+        return AnswerGrammar.around(self.answer_format, "-?[0-9]{1,7}")
+
     def readable(self, task: Task, answer: str) -> bool:
         return _INTEGER.match(answer.replace(",", "")) is not None
 
@@ -150,6 +169,10 @@ class Arithmetic(Domain):
 
 # -- python ----------------------------------------------------------------------------------
 
+# A line of free text for structured decoding (at most the given characters; no tag, no line
+# break), and a function `f` of one to eight lines of them.
+_LINE = "[^<>\\n]{{1,{}}}"
+_FUNCTION_FORM = "def f\\(x\\):(?:\\n    " + _LINE.format(70) + "){1,8}"
 _INPUT_LINE = re.compile(r"^\s*input\s*:\s*(.+?)\s*$", re.IGNORECASE)
 _FENCE = re.compile(r"^\s*```(?:python)?\s*$")
 _SEED_PROGRAMS = (
@@ -234,6 +257,19 @@ class Python(Domain):
             return f"{code}\nFind an input x for which f(x) returns {outputs[0]}."
         pairs = "\n".join(f"f({i}) = {o}" for i, o in zip(inputs, outputs))
         return f"Write a Python function f(x) such that:\n{pairs}"
+
+    def proposal_grammar(self, task_type: str) -> AnswerGrammar:
+        """A function `f` of a few lines and its input lines, each line's content free."""
+        inputs = self.induction_inputs if task_type == "induction" else (1, 1)
+        return AnswerGrammar.around(
+            self.answer_format, f"{_FUNCTION_FORM}(?:\\ninput: {_LINE.format(40)}){{{inputs[0]},{inputs[1]}}}"
+        )
+
+    def answer_grammar(self, task: Task) -> AnswerGrammar:
+        """A function's source for induction; otherwise one line, a literal's place."""
+        return AnswerGrammar.around(
+            self.answer_format, _FUNCTION_FORM if task.task_type == "induction" else _LINE.format(60)
+        )
 
     def readable(self, task: Task, answer: str) -> bool:
         text = _unfenced(answer)

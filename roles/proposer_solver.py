@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from selfplay.errors import UserError
+from selfplay.games.answers import AnswerGrammar
 from selfplay.games.base import TextGame
 from selfplay.roles.base import Outcome, Role, register
 from selfplay.roles.domains import DOMAINS, Task
@@ -161,6 +162,11 @@ class ProposerSolver(TextGame):
         else:
             examples = self.domain.example_answers(self.task, rng, EXAMPLE_MOVES)
         return list(dict.fromkeys(examples))
+
+    def answer_grammar(self) -> AnswerGrammar:
+        if not self.proposed:
+            return self.domain.proposal_grammar(self.task_type)
+        return self.domain.answer_grammar(self.task)
 
     def parse_move(self, answer: str) -> str | None:
         text = answer.strip()

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from selfplay.backends import BACKENDS
+from selfplay.backends.base import DECODINGS
 from selfplay.config import Bounds, EvalConfig, RolloutConfig, TrainConfig, find_yaml, load_config, number_bounds
 from selfplay.default_model import MODEL_SPECS_HELP
 from selfplay.errors import UserError
@@ -19,7 +20,6 @@ from selfplay.evaluation.report import INVALID_MOVE_ALARM, QUICK_EPISODES
 from selfplay.evaluation.scoreboard import format_table, tally, truncation_warning
 from selfplay.games import describe_games
 from selfplay.games.registry import ENTRY_POINT_GROUP, is_cooperative
-from selfplay.legal_decoding import DECODINGS
 from selfplay.match import agents_help, play_series
 from selfplay.model_specs import STYLE_SETTINGS
 from selfplay.prompts import PROMPT_STYLES
@@ -29,7 +29,10 @@ from selfplay.run_dir import RunDir
 PLAY_MAX_NEW_TOKENS = 64  # `play`'s token limit per model turn where nothing else sets it
 # A model from a run is asked and sampled as its run was, unless one of these options says otherwise.
 FROM_RUN = "default: as recorded for a model from a run, an exported model and the built-in default, else"
-DECODING_HELP = f"free: the model writes any text; legal: only answers naming a legal move ({FROM_RUN} free)"
+DECODING_HELP = (
+    "free: the model writes any text; legal: only answers naming a legal move; structured: only answers of "
+    f"the form the game declares ({FROM_RUN} free)"
+)
 PROMPT_HELP = (
     "full: the rules, the state, the legal moves and the answer instruction; view: the state alone, "
     f"for a model trained with rollout.prompt=view ({FROM_RUN} full)"

@@ -80,7 +80,9 @@ class RolloutConfig:
     max_new_tokens: AtLeastOne = 32  # per turn; a response cut off here is an invalid move
     temperature: NonNegative = 1.0  # 0 is greedy
     top_p: Annotated[float, Bounds(0, 1, low_open=True)] = 1.0
-    decoding: Literal["free", "legal"] = "free"  # legal: write only answers naming a legal move (action masking)
+    # legal: write only answers naming a legal move (action masking); structured: only answers of the
+    # form each game declares, content free (selfplay.structured_decoding)
+    decoding: Literal["free", "legal", "structured"] = "free"
     retries: int = 0  # re-asks after an invalid move before it ends the game
     invalid_penalty: Reward = -1.5  # SPIRAL's training values
     invalid_opponent_reward: Reward = 0.5
@@ -89,8 +91,10 @@ class RolloutConfig:
     format_credit: Reward = 0.0
 
     def __post_init__(self):
-        if self.decoding == "legal" and self.top_p < 1:
-            raise UserError("rollout.top_p applies to free decoding only: with rollout.decoding=legal leave it at 1.")
+        if self.decoding != "free" and self.top_p < 1:
+            raise UserError(
+                f"rollout.top_p applies to free decoding only: with rollout.decoding={self.decoding} leave it at 1."
+            )
 
 
 GROUPED_ESTIMATORS = ("grpo", "dr_grpo", "rloo")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -35,12 +36,13 @@ from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from selfplay import training_state
-from selfplay.backends.base import save_weights
+from selfplay.backends.base import save_weights, stop_ids
 from selfplay.config import LearnerConfig
 from selfplay.errors import UserError
-from selfplay.legal_decoding import Choices
-from selfplay.scoring import autocast, pick_device, response_logprobs_and_entropy
+from selfplay.legal_decoding import Choices, allowed_mask
+from selfplay.scoring import autocast, pick_device, response_logprobs_and_entropy, vocab_size
 from selfplay.sharding import Shards, full_tensors, local_bytes, save_streamed, shard_model
+from selfplay.structured_decoding import Grammars
 
 
 class NonFiniteUpdate(RuntimeError):
@@ -57,6 +59,7 @@ class Sample:
     sampler_logprobs: tuple[float, ...]
     advantage: float
     choices: Choices = ()  # the legal answers' ids when legal decoding sampled it (`selfplay.legal_decoding`)
+    grammar: str = ""  # the answer's grammar when structured decoding sampled it (`selfplay.structured_decoding`)
     lag: int = 0  # policy versions between the sampler and the learner (asynchronous rollouts)
 
 
@@ -274,13 +277,32 @@ class Learner:
         return [scored[first_of[i]] for i in range(len(samples))]
 
     def _score(self, model, batch: Sequence[Sample], entropy: bool = True):
-        """Log-probs (and entropies) of `batch`'s responses under `model`; a sharded model
-        scores through its registered forward method (`selfplay.sharding`)."""
+        """Log-probs (and entropies) of `batch`'s responses under `model`, under the masks their
+        sampler decoded with; a sharded model scores through its registered forward method
+        (`selfplay.sharding`)."""
         arguments = [s.prompt_ids for s in batch], [s.response_ids for s in batch], self.temperature
-        choices = [s.choices for s in batch]
+        mask = self._decoding_mask(batch)
         if self.shards is not None:
-            return model.score_responses(*arguments, choices, entropy=entropy)
-        return response_logprobs_and_entropy(model, *arguments, choices, entropy=entropy)
+            return model.score_responses(*arguments, mask, entropy=entropy)
+        return response_logprobs_and_entropy(model, *arguments, mask, entropy=entropy)
+
+    def _decoding_mask(self, batch: Sequence[Sample]) -> torch.Tensor | None:
+        """The tokens the sampler could pick at each response position (legal decoding's choices,
+        structured decoding's grammar replayed), or None where every response was sampled freely."""
+        responses = [s.response_ids for s in batch]
+        mask = None
+        if any(s.choices for s in batch):
+            mask = allowed_mask(responses, [s.choices for s in batch], vocab_size(self.model))
+        if any(s.grammar for s in batch):
+            allowed = self.grammars.mask(responses, [s.grammar for s in batch])
+            mask = allowed if mask is None else mask & allowed
+        return mask
+
+    @functools.cached_property
+    def grammars(self) -> Grammars:
+        """Structured decoding's grammars for this model's tokenizer and vocabulary, with the stop
+        tokens the backends end a response at."""
+        return Grammars(self.tokenizer, vocab_size(self.model), stop_ids(self.tokenizer, self.model.generation_config))
 
     def _share(self, chunks: list[list[int]]) -> list[tuple[list[int], bool]]:
         """The micro-batches this process runs, each with whether its loss counts (see `Shards.share`)."""

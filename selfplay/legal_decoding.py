@@ -19,7 +19,6 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-DECODINGS = ("free", "legal")
 Choices = tuple[tuple[int, ...], ...]  # each legal answer's token ids, ending with end-of-turn
 
 

@@ -44,6 +44,7 @@ class Turn:
     invalid: bool  # the response named no legal move (or was cut off)
     reward: float  # reward the environment gave this seat right after this move
     choices: tuple[tuple[int, ...], ...] = ()  # legal decoding's legal answers (token ids); () if sampled freely
+    grammar: str = ""  # structured decoding's grammar of the answer (EBNF); "" if sampled freely
     # An invalid output the game let its player retry: the penalty it would have ended the game
     # with, which scores this turn in place of the seat's final return (it did not lead to it).
     retried_penalty: float | None = None

@@ -33,6 +33,7 @@ from selfplay.games import InvalidMovePolicy, TextGameEnv, UnfinishedOutput, mak
 from selfplay.legal_decoding import Choices, answer_choices
 from selfplay.prompts import Message, ObservationMode, PromptStyle, batch_prompt_ids, opening_messages, state_message
 from selfplay.records import MatchResult, Trajectory, Turn
+from selfplay.structured_decoding import grammar_text
 
 Player = PolicyBackend | str  # a model policy, or a scripted agent spec
 
@@ -89,6 +90,7 @@ class _Prompt:
     messages: list[Message]
     ids: list[int]
     choices: Choices = ()  # under legal decoding, the legal answers it may write
+    grammar: str = ""  # under structured decoding, the grammar its answer keeps to (EBNF)
 
 
 @dataclass
@@ -212,13 +214,14 @@ class RolloutEngine:
             seat = self._seat_to_move(game)
             by_label[game.match.players[seat]].append((game, seat))
         for label, waiting in by_label.items():
-            legal = self._style(label).sampling.decoding == "legal"
+            decoding = self._style(label).sampling.decoding
             tokenizer = self.players[label].tokenizer
             messages = [self._messages(game, seat) for game, seat in waiting]
             ids = batch_prompt_ids(tokenizer, messages)
             for (game, seat), chat, prompt in zip(waiting, messages, ids):
-                choices = self._choices(game, label) if legal else ()
-                game.prompt = _Prompt(label, seat, chat, prompt, choices)
+                choices = self._choices(game, label) if decoding == "legal" else ()
+                grammar = grammar_text(game.env.game.answer_grammar()) if decoding == "structured" else ""
+                game.prompt = _Prompt(label, seat, chat, prompt, choices, grammar)
 
     def _choices(self, game: _LiveGame, label: str) -> Choices:
         """The answers legal decoding may write in `game`'s current state."""
@@ -237,7 +240,8 @@ class RolloutEngine:
         prompts = [game.prompt.ids for game in games]
         sampling = replace(self._style(label).sampling, seed=seed)
         choices = [game.prompt.choices for game in games] if sampling.decoding == "legal" else None
-        for finished in backend.generate_as_completed(prompts, sampling, choices):
+        grammars = [game.prompt.grammar for game in games] if sampling.decoding == "structured" else None
+        for finished in backend.generate_as_completed(prompts, sampling, choices, grammars):
             moved = [games[index] for index, _ in finished]
             for game, (_, generation) in zip(moved, finished):
                 self._apply(game, generation)
@@ -269,6 +273,7 @@ class RolloutEngine:
                 invalid=len(env.invalid_log[agent]) > invalid_before,
                 reward=float(env.rewards.get(agent, 0.0)),
                 choices=prompt.choices,
+                grammar=prompt.grammar,
                 retried_penalty=env.retried_penalty,
             )
         )

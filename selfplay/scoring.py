@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from selfplay.legal_decoding import Choices, allowed_mask, masked_log_softmax
+from selfplay.legal_decoding import masked_log_softmax
 
 
 def pick_device(device: str | None = None) -> str:
@@ -153,17 +153,24 @@ def _shared_prompts_hidden(decoder, distinct, prompts, responses, shared: int, c
     return torch.cat(hidden)
 
 
+def vocab_size(model) -> int:
+    """The rows of the model's output layer: the size of a next-token distribution (and of a
+    decoding mask), which may exceed the tokenizer's."""
+    return model.get_output_embeddings().weight.shape[0]
+
+
 def response_logprobs(
     model,
     prompts: Sequence[Sequence[int]],
     responses: Sequence[Sequence[int]],
     temperature: float = 1.0,
-    choices: Sequence[Choices] | None = None,
+    mask: torch.Tensor | None = None,
 ) -> list[torch.Tensor]:
     """log softmax(logits / T) of each response token given its prompt, one tensor per pair;
-    with `choices` (one per response, empty for a freely sampled one), softmax over the tokens
-    legal decoding allowed at each position. Gradients flow when the caller has them enabled."""
-    return response_logprobs_and_entropy(model, prompts, responses, temperature, choices, entropy=False)[0]
+    with `mask` ((total response tokens, vocab) booleans, the rows of the responses in order:
+    `allowed_mask` of legal decoding, `Grammars.mask` of structured decoding), softmax over the
+    tokens allowed at each position. Gradients flow when the caller has them enabled."""
+    return response_logprobs_and_entropy(model, prompts, responses, temperature, mask, entropy=False)[0]
 
 
 def response_logprobs_and_entropy(
@@ -171,11 +178,11 @@ def response_logprobs_and_entropy(
     prompts: Sequence[Sequence[int]],
     responses: Sequence[Sequence[int]],
     temperature: float = 1.0,
-    choices: Sequence[Choices] | None = None,
+    mask: torch.Tensor | None = None,
     entropy: bool = True,
     share_prefix: bool = True,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-    """`response_logprobs`, and the entropy of the (legal decoding's renormalised) next-token
+    """`response_logprobs`, and the entropy of the (masked, renormalised) next-token
     distribution at each of those positions (None when `entropy` is off). `share_prefix`: see
     `response_hidden`."""
     # The output head runs on response positions only: over whole prompts it is most of the cost.
@@ -185,16 +192,15 @@ def response_logprobs_and_entropy(
         logits = logits / temperature
     targets = torch.tensor([t for r in responses for t in r], device=logits.device)
     lengths = [len(r) for r in responses]
-    if choices is not None and any(choices):
-        mask = allowed_mask(responses, choices, logits.shape[-1]).to(logits.device)
+    if mask is not None:
+        mask = mask.to(logits.device)
         all_logprobs = masked_log_softmax(logits, mask)
     else:
-        mask = None
         all_logprobs = torch.log_softmax(logits, dim=-1)
     token_logprobs = all_logprobs.gather(-1, targets[:, None]).squeeze(-1)
     entropies = None
     if entropy:
-        # Tokens legal decoding did not allow have log-probability -inf: read as 0, they add
+        # Tokens the mask did not allow have log-probability -inf: read as 0, they add
         # nothing to the entropy, and no NaN (0 * -inf) reaches its value or its gradient.
         finite = all_logprobs if mask is None else all_logprobs.masked_fill(~mask, 0.0)
         entropies = list((-(finite.exp() * finite).sum(-1)).split(lengths))

@@ -70,6 +70,7 @@ from selfplay.evaluation.training_curve import (
 )
 from selfplay.files import WriteError, append_text, is_disk_full, replace_text, write_failure
 from selfplay.games import make_game
+from selfplay.games.base import declares_answer_grammar
 from selfplay.games.registry import is_cooperative
 from selfplay.league.exploiter_log import append_stops, keep_stops_up_to
 from selfplay.league.exploiter_stopping import ExactCheck, exact_check, exact_check_due
@@ -149,7 +150,14 @@ def validate(config: TrainConfig) -> None:
         if free_text:
             raise UserError(
                 f"rollout.decoding=legal writes only listed legal moves, but {', '.join(free_text)} take free text: "
-                "train those games with rollout.decoding=free."
+                "train those games with rollout.decoding=free, or structured where they declare an answer grammar."
+            )
+    if config.rollout.decoding == "structured":
+        undeclared = [game for game in config.games if not declares_answer_grammar(make_game(game))]
+        if undeclared:
+            raise UserError(
+                f"rollout.decoding=structured needs each game's answer grammar, but {', '.join(undeclared)} take free "
+                "text and declare none: train those games with rollout.decoding=free."
             )
     if config.eval.every:
         eval_pairings(config)
@@ -736,6 +744,7 @@ class Trainer:
                     turn.logprobs,
                     advantage,
                     turn.choices,
+                    turn.grammar,
                     lag=player.backend.version - turn.policy_version,
                 )
                 for trajectory, values in zip(learned, advantages)

@@ -20,7 +20,9 @@ class LegalMoveBackend(PolicyBackend):
         self.rng = random.Random(seed)
         self.batch_sizes: list[int] = []
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingSettings, choices=None) -> list[Generation]:
+    def generate(
+        self, prompts: list[list[int]], sampling: SamplingSettings, choices=None, grammars=None
+    ) -> list[Generation]:
         self.batch_sizes.append(len(prompts))
         if choices is not None:  # legal decoding: one of the choices
             picked = [self.rng.choice(options) for options in choices]
@@ -71,8 +73,8 @@ class ShuffledHandoverBackend(LegalMoveBackend):
         self.handover_rng = random.Random(handover_seed)
         self.tokenizer_calls_at_handovers: list[list[int]] = []
 
-    def generate_as_completed(self, prompts, sampling, choices=None):
-        pending = list(enumerate(self.generate(prompts, sampling, choices)))
+    def generate_as_completed(self, prompts, sampling, choices=None, grammars=None):
+        pending = list(enumerate(self.generate(prompts, sampling, choices, grammars)))
         self.handover_rng.shuffle(pending)
         calls: list[int] = []
         self.tokenizer_calls_at_handovers.append(calls)

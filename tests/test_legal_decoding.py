@@ -15,15 +15,24 @@ from selfplay.errors import UserError
 from selfplay.evaluation.exploitability import information_states, move_probabilities
 from selfplay.games import make_env
 from selfplay.learner import Learner, Sample
-from selfplay.legal_decoding import advance_forced, allowed_tokens, answer_choices
+from selfplay.legal_decoding import advance_forced, allowed_mask, allowed_tokens, answer_choices
 from selfplay.prompts import opening_messages, prompt_ids
 from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
-from selfplay.scoring import response_hidden, response_logprobs, response_logprobs_and_entropy
+from selfplay.scoring import response_hidden, response_logprobs, response_logprobs_and_entropy, vocab_size
 from selfplay.train import validate
 from tests.fakes import CountingTokenizer
 
 TREE = ((1, 2, 9), (1, 3, 9), (4, 9))
 LEGAL = SamplingSettings(max_new_tokens=12, seed=3, decoding="legal")
+
+
+def legal_mask(model, responses, choices):
+    return allowed_mask(responses, choices, vocab_size(model))
+
+
+def legal_logprobs(model, prompts, responses, choices):
+    """Each response's log-probabilities as legal decoding gives them, at temperature 1."""
+    return response_logprobs(model, prompts, responses, 1.0, legal_mask(model, responses, choices))
 
 
 def turns_with_choices(tokenizer, games=("tictactoe", "kuhn_poker", "connect_four"), per_game=3):
@@ -82,7 +91,7 @@ def test_masked_scoring_is_the_softmax_over_the_allowed_tokens(hf_model, tokeniz
     prompt, choices, _ = turns_with_choices(tokenizer, games=("tictactoe",), per_game=1)[0]
     response = choices[3]
     (legal, free), (legal_entropy, free_entropy) = response_logprobs_and_entropy(
-        hf_model, [prompt, prompt], [response, response], 1.0, [choices, ()]
+        hf_model, [prompt, prompt], [response, response], 1.0, legal_mask(hf_model, [response, response], [choices, ()])
     )
     with torch.no_grad():
         logits = hf_model(torch.tensor([[*prompt, *response]])).logits[0, len(prompt) - 1 : -1].float()
@@ -104,7 +113,7 @@ def test_legal_sampling_writes_a_choice_drawn_from_the_masked_probabilities(tiny
     turns = turns_with_choices(tokenizer)
     prompts, choices = [t[0] for t in turns], [t[1] for t in turns]
     generations = backend.generate(prompts, LEGAL, choices)
-    scored = response_logprobs(hf_model, prompts, [g.token_ids for g in generations], 1.0, choices)
+    scored = legal_logprobs(hf_model, prompts, [g.token_ids for g in generations], choices)
     for generation, options, (_, _, answers), logp in zip(generations, choices, turns, scored):
         assert generation.token_ids in options and generation.finish_reason == "stop"
         assert generation.text in answers
@@ -114,16 +123,14 @@ def test_legal_sampling_writes_a_choice_drawn_from_the_masked_probabilities(tiny
     # One prompt many times: the answers' frequencies follow their masked probabilities.
     many = 600
     drawn = Counter(g.token_ids for g in backend.generate([prompts[0]] * many, LEGAL, [choices[0]] * many))
-    probs = response_logprobs(
-        hf_model, [prompts[0]] * len(choices[0]), list(choices[0]), 1.0, [choices[0]] * len(choices[0])
-    )
+    probs = legal_logprobs(hf_model, [prompts[0]] * len(choices[0]), list(choices[0]), [choices[0]] * len(choices[0]))
     for option, logp in zip(choices[0], probs):
         p = logp.sum().exp().item()
         assert abs(drawn[option] / many - p) < 4 * (p * (1 - p) / many) ** 0.5 + 1e-3
 
     greedy = backend.generate(prompts, SamplingSettings(temperature=0, decoding="legal"), choices)
     for generation, options, prompt in zip(greedy, choices, prompts):
-        best = max(options, key=lambda o: response_logprobs(hf_model, [prompt], [o], 1.0, [options])[0].sum().item())
+        best = max(options, key=lambda o: legal_logprobs(hf_model, [prompt], [o], [options])[0].sum().item())
         assert generation.token_ids == best
 
 
@@ -146,7 +153,7 @@ def test_legal_sampling_runs_each_distinct_context_once(tiny_model_dir, hf_model
     contexts_run = batch_sizes_run(monkeypatch)
     generations = backend.generate(prompts, LEGAL, choices)
     assert contexts_run[0] == len({tuple(p) for p in prompts}) < len(prompts)
-    scored = response_logprobs(hf_model, prompts, [g.token_ids for g in generations], 1.0, choices)
+    scored = legal_logprobs(hf_model, prompts, [g.token_ids for g in generations], choices)
     for generation, options, logp in zip(generations, choices, scored):
         assert generation.token_ids in options
         assert generation.logprobs == pytest.approx(logp.tolist(), abs=1e-5)
@@ -162,7 +169,7 @@ def test_a_frozen_backend_runs_each_context_once_alone_and_forgets_on_new_weight
     generations = frozen.generate(prompts, LEGAL, choices)
     contexts = len(batches_run)
     assert set(batches_run) == {1} and contexts >= len({tuple(p) for p in prompts})
-    scored = response_logprobs(hf_model, prompts, [g.token_ids for g in generations], 1.0, choices)
+    scored = legal_logprobs(hf_model, prompts, [g.token_ids for g in generations], choices)
     for generation, logp in zip(generations, scored):
         assert generation.logprobs == pytest.approx(logp.tolist(), abs=1e-5)
     # The same states again: nothing runs, and the seeded draws are those of the first time;
@@ -221,7 +228,7 @@ def test_the_learner_scores_legal_samples_as_the_sampler_did_and_learns_among_le
     # A positive advantage raises the chosen answer's probability among the legal ones (one sample
     # per update: a step on several similar prompts may trade one's probability for another's).
     def legal_probability(model, i: int) -> float:
-        (logp,) = response_logprobs(model, [prompts[i]], [generations[i].token_ids], 1.0, [choices[i]])
+        (logp,) = legal_logprobs(model, [prompts[i]], [generations[i].token_ids], [choices[i]])
         return logp.sum().exp().item()
 
     for i, sample in enumerate(samples(masked=True)):
@@ -252,7 +259,7 @@ def test_the_exploitability_probe_reads_the_policy_legal_decoding_samples(hf_mod
     state = information_states("kuhn_poker")[5]
     choices = answer_choices(state.answers, tokenizer, tokenizer.eos_token_id, {})
     prompt = prompt_ids(tokenizer, state.messages)
-    scored = response_logprobs(hf_model, [prompt] * len(choices), list(choices), 1.0, [choices] * len(choices))
+    scored = legal_logprobs(hf_model, [prompt] * len(choices), list(choices), [choices] * len(choices))
     for action, logp in zip(state.actions, scored):
         assert legal[state.key][action] == pytest.approx(logp.sum().exp().item(), abs=1e-6)
     assert max(abs(legal[k][a] - free[k][a]) for k in legal for a in legal[k]) > 1e-3

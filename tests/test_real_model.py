@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct, a real pretrained chat model (the session's `real_model`), through the
 paths that the built-in model, whose tokenizer and chat template are selfplay's own, cannot
-exercise: the model's chat template and end-of-turn token in both backends, legal decoding over
-its byte-level BPE vocabulary, the learner scoring the tokens the samplers wrote as they scored
+exercise: the model's chat template and end-of-turn token in both backends, legal and structured
+decoding over its byte-level BPE vocabulary, the learner scoring the tokens the samplers wrote as they scored
 them, LoRA and full updates, a trained checkpoint that `selfplay eval` and `selfplay play` load,
 and the exact Kuhn Poker probe.
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -34,11 +35,14 @@ from selfplay.evaluation.exploitability import (
     policy_exploitability,
 )
 from selfplay.games import TextGameEnv, make_env
+from selfplay.games.answers import AnswerFormat, AnswerGrammar
 from selfplay.learner import Learner, Sample
 from selfplay.legal_decoding import Choices, answer_choices
 from selfplay.prompts import Message, PromptStyle, batch_prompt_ids, opening_messages, prompt_ids
 from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
 from selfplay.scoring import response_logprobs
+from selfplay.structured_decoding import grammar_text
+from tests.test_legal_decoding import legal_logprobs
 
 # Each test reads SmolLM2-135M, converted once a run from its GGUF (tens of seconds).
 pytestmark = pytest.mark.slow
@@ -49,6 +53,9 @@ END_OF_TURN = "<|im_end|>"  # SmolLM2's; its end of text, <|endoftext|>, ends no
 # and legal decoding: 1.6e-5 for the transformers sampler, 4.3e-5 for vLLM, whose kernels differ.
 HF_LOGPROB_TOLERANCE = 1e-4
 VLLM_LOGPROB_TOLERANCE = 5e-4
+# A message of a free-text game: free content, bounded so that it ends within the tokens allowed
+# (at most one token a character, and the end of the turn: 30).
+MESSAGE_GRAMMAR = AnswerGrammar.around(AnswerFormat("<answer>", "</answer>"), "[^<>]{1,12}")
 SAMPLING_TEMPERATURE = 0.7  # not 1, so that a sampler or learner leaving the temperature out is caught
 # The most a Kuhn Poker policy can be exploited, by the worst of its 4,096 pure policies:
 # exploitability is convex in the policy, so its maximum is at a pure one.
@@ -213,7 +220,7 @@ def test_legal_decoding_writes_legal_answers_in_the_tokenizers_own_tokens_with_t
     prompts, choices = prompts_and_choices(tokenizer, decisions)
     generations = backend.generate(prompts, SamplingSettings(temperature=1.0, seed=0, decoding="legal"), choices)
     with torch.no_grad():
-        expected = response_logprobs(hf_backend.model, prompts, [g.token_ids for g in generations], 1.0, choices)
+        expected = legal_logprobs(hf_backend.model, prompts, [g.token_ids for g in generations], choices)
     for turn, generation in zip(decisions, generations):
         assert generation.finish_reason == "stop" and generation.text in turn.answers
         assert turn.env.parse(generation.text) == turn.move_of(generation.text)
@@ -226,11 +233,10 @@ def test_legal_decoding_gives_the_answers_of_a_turn_probabilities_summing_to_one
     prompts, choices = prompts_and_choices(hf_backend.tokenizer, decisions)
     turn_of = [turn for turn, tree in enumerate(choices) for _ in tree]
     with torch.no_grad():
-        logprobs = response_logprobs(
+        logprobs = legal_logprobs(
             hf_backend.model,
             [prompts[turn] for turn in turn_of],
             [answer for tree in choices for answer in tree],
-            1.0,
             [choices[turn] for turn in turn_of],
         )
     mass = [0.0] * len(decisions)
@@ -239,16 +245,25 @@ def test_legal_decoding_gives_the_answers_of_a_turn_probabilities_summing_to_one
     assert mass == pytest.approx([1.0] * len(decisions), abs=1e-5)
 
 
-@pytest.mark.parametrize("decoding", ["free", "legal"])
+@pytest.mark.parametrize("decoding", ["free", "legal", "structured"])
 def test_the_learner_scores_the_samplers_tokens_as_the_sampler_did(backend, learner, decisions, decoding):
+    """Through the learner's own scoring: legal decoding's choices and structured decoding's
+    grammars (each turn's move, or a free message) replayed as masks. Every structured answer
+    keeps to its grammar."""
     prompts, choices = prompts_and_choices(backend.tokenizer, decisions)
-    legal = choices if decoding == "legal" else None
-    sampling = SamplingSettings(max_new_tokens=8, temperature=SAMPLING_TEMPERATURE, seed=1, decoding=decoding)
-    generations = backend.generate(prompts, sampling, legal)
+    forms = [turn.env.game.answer_grammar() if i % 2 else MESSAGE_GRAMMAR for i, turn in enumerate(decisions)]
+    grammars = [grammar_text(form) for form in forms]
+    sampling = SamplingSettings(max_new_tokens=30, temperature=SAMPLING_TEMPERATURE, seed=1, decoding=decoding)
+    legal, structured = decoding == "legal", decoding == "structured"
+    generations = backend.generate(prompts, sampling, choices if legal else None, grammars if structured else None)
+    samples = [
+        Sample(tuple(prompt), g.token_ids, g.logprobs, 0.0, options if legal else (), grammar if structured else "")
+        for prompt, g, options, grammar in zip(prompts, generations, choices, grammars)
+    ]
     with torch.enable_grad():  # as an update scores them: each prompt and its response in one row
-        scored = response_logprobs(
-            learner.model, prompts, [g.token_ids for g in generations], learner.temperature, legal
-        )
+        scored = learner._logprobs(samples, grad=True)
+    if structured:
+        assert all(g.finish_reason == "stop" and re.fullmatch(f.regex, g.text) for g, f in zip(generations, forms))
     assert largest_gap(generations, scored) < logprob_tolerance(backend)
 
 

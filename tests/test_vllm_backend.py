@@ -26,7 +26,7 @@ from selfplay.prompts import opening_messages, prompt_ids  # noqa: E402
 from selfplay.rollouts import RolloutEngine  # noqa: E402
 from selfplay.scoring import response_logprobs  # noqa: E402
 from tests.test_hf_backend import nucleus_logprobs  # noqa: E402
-from tests.test_legal_decoding import turns_with_choices  # noqa: E402
+from tests.test_legal_decoding import legal_logprobs, legal_mask, turns_with_choices  # noqa: E402
 from tests.test_rollouts import play_mixed_batch  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # each engine takes 20-30 s to start on 2 cores
@@ -201,13 +201,15 @@ def test_legal_decoding_writes_a_choice_with_the_learners_masked_logprobs(backen
     sampling = SamplingSettings(temperature=temperature, seed=4, decoding="legal")
     generations = backend.generate(prompts, sampling, choices)
     responses = [g.token_ids for g in generations]
-    scored = response_logprobs(hf_model, prompts, responses, temperature or 1.0, choices)
+    scored = response_logprobs(
+        hf_model, prompts, responses, temperature or 1.0, legal_mask(hf_model, responses, choices)
+    )
     for generation, options, (_, _, answers), logp in zip(generations, choices, turns, scored):
         assert generation.token_ids in options and generation.text in answers
         assert generation.logprobs == pytest.approx(logp.tolist(), abs=LOGPROB_TOLERANCE)
     if temperature == 0:  # the legal answer the model likes best
         for generation, prompt, options in zip(generations, prompts, choices):
-            totals = response_logprobs(hf_model, [prompt] * len(options), list(options), 1.0, [options] * len(options))
+            totals = legal_logprobs(hf_model, [prompt] * len(options), list(options), [options] * len(options))
             assert generation.token_ids == options[max(range(len(options)), key=lambda i: totals[i].sum().item())]
     else:
         again = backend.generate(prompts, sampling, choices)  # same seed (log-probs may differ in the last digits)

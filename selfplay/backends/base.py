@@ -33,17 +33,23 @@ WEIGHT_BUCKET_BYTES = 256 << 20
 PACKED_ALIGNMENT = 16
 
 
+# free: any tokens; legal: only answers naming a legal move (`selfplay.legal_decoding`);
+# structured: only answers of the form the game declares (`selfplay.structured_decoding`).
+Decoding = Literal["free", "legal", "structured"]
+DECODINGS: tuple[Decoding, ...] = ("free", "legal", "structured")
+
+
 @dataclass(frozen=True)
 class SamplingSettings:
-    """How to sample one batch. `temperature=0` is greedy. `decoding="legal"` writes only answers
-    naming a legal move (`selfplay.legal_decoding`): the rollout engine gives the backend each
-    prompt's choices, and top_p does not apply."""
+    """How to sample one batch. `temperature=0` is greedy. Under `decoding="legal"` the rollout
+    engine gives the backend each prompt's choices, under `"structured"` each prompt's grammar;
+    top_p applies to free decoding only."""
 
     max_new_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int = 0
-    decoding: Literal["free", "legal"] = "free"
+    decoding: Decoding = "free"
 
 
 @dataclass(frozen=True)
@@ -66,19 +72,29 @@ class PolicyBackend(ABC):
 
     @abstractmethod
     def generate(
-        self, prompts: list[list[int]], sampling: SamplingSettings, choices: list[Choices] | None = None
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingSettings,
+        choices: list[Choices] | None = None,
+        grammars: list[str] | None = None,
     ) -> list[Generation]:
         """One response per prompt (token ids), in order. Same seed and prompts, same output.
-        With `choices` (legal decoding), each response is one of its prompt's choices."""
+        With `choices` (legal decoding), each response is one of its prompt's choices; with
+        `grammars` (structured decoding, EBNF as `selfplay.structured_decoding.grammar_text`
+        writes it), each response stays inside its prompt's grammar."""
 
     def generate_as_completed(
-        self, prompts: list[list[int]], sampling: SamplingSettings, choices: list[Choices] | None = None
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingSettings,
+        choices: list[Choices] | None = None,
+        grammars: list[str] | None = None,
     ) -> Iterator[list[tuple[int, Generation]]]:
         """The responses `generate` gives, handed over as they finish: groups of (prompt index,
         generation), each group what finished together. A caller can work on early finishers
         while the rest are still sampling. Backends that sample the whole batch at once hand
         it over as one group."""
-        yield list(enumerate(self.generate(prompts, sampling, choices)))
+        yield list(enumerate(self.generate(prompts, sampling, choices, grammars)))
 
     def clear_prefix_cache(self) -> None:
         """Forget every cached prompt prefix, so the next batch computes its prompts in full.
@@ -108,6 +124,15 @@ class PolicyBackend(ABC):
 
     def close(self) -> None:  # noqa: B027 (optional: only engines with processes need it)
         """Release the engine's processes and memory."""
+
+
+def stop_ids(tokenizer, generation_config) -> frozenset[int]:
+    """The tokens a response ends at: the tokenizer's end-of-sequence token and the model's
+    generation config's (which may name several, as chat models' do)."""
+    eos = generation_config.eos_token_id if generation_config is not None else None
+    ids = set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id}
+    ids.discard(None)
+    return frozenset(ids)
 
 
 def cut_at_stop(tokens: list[int], logprobs: list[float], eos_ids, tokenizer, version: int) -> Generation:

@@ -3,6 +3,7 @@ beyond transformers, and the reference the vLLM backend is checked against."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from array import array
 from collections import OrderedDict
@@ -13,9 +14,18 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from selfplay.backends.base import Generation, PolicyBackend, SamplingSettings, Weights, checked_weights, cut_at_stop
+from selfplay.backends.base import (
+    Generation,
+    PolicyBackend,
+    SamplingSettings,
+    Weights,
+    checked_weights,
+    cut_at_stop,
+    stop_ids,
+)
 from selfplay.legal_decoding import Choices, legal_decode, masked_log_softmax
-from selfplay.scoring import pick_device, response_hidden
+from selfplay.scoring import pick_device, response_hidden, vocab_size
+from selfplay.structured_decoding import GrammarLogitsProcessor, Grammars
 
 # Contexts whose final hidden state a frozen backend keeps (least recently used leave first):
 # more than TicTacToe's 4,520 decision states under one prompt style.
@@ -92,17 +102,24 @@ class HFBackend(PolicyBackend):
         if model is None:
             model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device).eval()
         self.model = model
-        eos = self.model.generation_config.eos_token_id
-        self.eos_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
-        self.eos_ids.discard(None)
+        self.eos_ids = stop_ids(self.tokenizer, self.model.generation_config)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
         self.max_batch_size = max_batch_size
         self.version = 0
         self.states: OrderedDict[bytes, torch.Tensor] | None = OrderedDict() if frozen else None
 
+    @functools.cached_property
+    def grammars(self) -> Grammars:
+        """Structured decoding's grammars, compiled for this model's tokenizer and vocabulary."""
+        return Grammars(self.tokenizer, vocab_size(self.model), self.eos_ids)
+
     @torch.no_grad()
     def generate(
-        self, prompts: list[list[int]], sampling: SamplingSettings, choices: list[Choices] | None = None
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingSettings,
+        choices: list[Choices] | None = None,
+        grammars: list[str] | None = None,
     ) -> list[Generation]:
         results: list[Generation | None] = [None] * len(prompts)
         # Sampling draws from torch's global generator; fork it so a seed here never
@@ -113,7 +130,7 @@ class HFBackend(PolicyBackend):
         try:
             with torch.random.fork_rng(devices=devices):
                 torch.manual_seed(sampling.seed)
-                # Only free sampling runs a shared prefix once; legal decoding runs whole contexts.
+                # Free and structured sampling run a shared prefix once; legal decoding runs whole contexts.
                 if choices is None:
                     chunks = prefix_batches(prompts, self.max_batch_size)
                 else:
@@ -121,7 +138,8 @@ class HFBackend(PolicyBackend):
                 for chunk in chunks:
                     batch = [prompts[i] for i in chunk]
                     if choices is None:
-                        generations = self._generate_batch(batch, sampling)
+                        row_grammars = None if grammars is None else [grammars[i] for i in chunk]
+                        generations = self._generate_batch(batch, sampling, row_grammars)
                     else:
                         generations = self._generate_legal(batch, [choices[i] for i in chunk], sampling)
                     for i, generation in zip(chunk, generations):
@@ -130,7 +148,11 @@ class HFBackend(PolicyBackend):
             self.model.train(training)
         return results
 
-    def _generate_batch(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[Generation]:
+    def _generate_batch(
+        self, prompts: list[list[int]], sampling: SamplingSettings, grammars: list[str] | None = None
+    ) -> list[Generation]:
+        """Sampling by `model.generate`; with `grammars` (structured decoding), each row's logits
+        masked to its grammar before the temperature and top-p, as vLLM masks them."""
         # The prompts' common prefix (a game's rules, most of each prompt) runs once; its keys
         # and values are repeated across the batch, and each row's rest follows it, left-padded
         # after the prefix (masked out, positions counted over real tokens only).
@@ -163,12 +185,14 @@ class HFBackend(PolicyBackend):
             pad_token_id=self.pad_id,
             return_dict_in_generate=True,
             output_scores=True,
+            logits_processor=None if grammars is None else [GrammarLogitsProcessor(self.grammars, grammars)],
         )
         new_tokens = out.sequences[:, width:].cpu()
         # The sampler's log-probability: of the distribution each token was drawn from, the
-        # scores after the temperature and top-p warpers (outside the nucleus -inf, so their
-        # log-softmax is renormalised over it). A drawn token is never outside the nucleus;
-        # the pad tokens after a row's stop may be, and `cut_at_stop` drops them.
+        # scores after the grammar's mask and the temperature and top-p warpers (masked tokens
+        # and those outside the nucleus -inf, so their log-softmax is renormalised over the
+        # rest). A drawn token is never outside them; the pad tokens after a row's stop may be,
+        # and `cut_at_stop` drops them.
         scores = torch.stack(out.scores, dim=1).float().cpu()
         logprobs = torch.log_softmax(scores, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
         return [

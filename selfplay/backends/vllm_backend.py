@@ -34,6 +34,7 @@ from selfplay.backends.base import (
     checked_weights,
     cut_at_stop,
     packed,
+    stop_ids,
     weight_buckets,
 )
 from selfplay.legal_decoding import Choices, legal_decode
@@ -76,7 +77,7 @@ class VLLMBackend(PolicyBackend):
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         from vllm import LLM  # imported here: vllm is an optional dependency
 
-        for fixed in ("logprobs_mode", "worker_extension_cls"):
+        for fixed in ("logprobs_mode", "worker_extension_cls", "structured_outputs_config"):
             if fixed in engine_kwargs:
                 raise ValueError(f"VLLMBackend sets {fixed} itself")
         self.model_path = str(model_path)
@@ -95,6 +96,9 @@ class VLLMBackend(PolicyBackend):
             logprobs_mode="processed_logprobs",
             worker_extension_cls=WORKER_EXTENSION,
             disable_log_stats=True,
+            # Structured decoding's grammars go to xgrammar, the engine the transformers backend
+            # and the learner mask with too; "auto" could hand some to another engine.
+            structured_outputs_config={"backend": "xgrammar"},
         )
         self.sleeps = sleep_while_learning and self.on_gpu
         self.asleep = False
@@ -125,42 +129,49 @@ class VLLMBackend(PolicyBackend):
         self.eos_ids = self._eos_ids()
 
     def _eos_ids(self) -> frozenset[int]:
-        """The tokenizer's eos token plus the generation config's eos tokens, as HFBackend uses."""
-        ids = set()
-        if self.tokenizer.eos_token_id is not None:
-            ids.add(self.tokenizer.eos_token_id)
-        try:
-            from transformers import GenerationConfig
+        """The tokens HFBackend stops at (`stop_ids`), from the model's generation config if it has one."""
+        from transformers import GenerationConfig
 
-            eos = GenerationConfig.from_pretrained(self.model_path).eos_token_id
+        try:
+            generation_config = GenerationConfig.from_pretrained(self.model_path)
         except (OSError, ValueError):
-            eos = None
-        if eos is not None:
-            ids.update(eos if isinstance(eos, list) else [eos])
-        return frozenset(ids)
+            generation_config = None
+        return stop_ids(self.tokenizer, generation_config)
 
     def generate(
-        self, prompts: list[list[int]], sampling: SamplingSettings, choices: list[Choices] | None = None
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingSettings,
+        choices: list[Choices] | None = None,
+        grammars: list[str] | None = None,
     ) -> list[Generation]:
         generations: list[Generation | None] = [None] * len(prompts)
-        for finished in self.generate_as_completed(prompts, sampling, choices):
+        for finished in self.generate_as_completed(prompts, sampling, choices, grammars):
             for index, generation in finished:
                 generations[index] = generation
         return generations
 
     def generate_as_completed(
-        self, prompts: list[list[int]], sampling: SamplingSettings, choices: list[Choices] | None = None
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingSettings,
+        choices: list[Choices] | None = None,
+        grammars: list[str] | None = None,
     ) -> Iterator[list[tuple[int, Generation]]]:
         """The requests go to the engine, whose core samples them in steps in its own process
         while this one takes each step's finished requests: a caller's work on those overlaps
         the sampling of the rest. One batch at a time per backend. Legal decoding hands the
-        batch over whole."""
+        batch over whole; structured decoding sends each request its grammar, which the engine's
+        xgrammar backend enforces (its mask applied before the processed log-probability)."""
         if not prompts:
             return
         if choices is not None:
             yield list(enumerate(self._generate_legal(prompts, choices, sampling)))
             return
-        params = [self._sampling_params(sampling, index) for index in range(len(prompts))]
+        params = [
+            self._sampling_params(sampling, index, **self._structured(grammars[index] if grammars else None))
+            for index in range(len(prompts))
+        ]
         for finished in self._run(prompts, params):
             yield [(index, self._to_generation(completion)) for index, completion in finished]
 
@@ -216,6 +227,15 @@ class VLLMBackend(PolicyBackend):
             cut_at_stop(response, logp, self.eos_ids, self.tokenizer, self.version)
             for response, logp in zip(responses, logprobs)
         ]
+
+    @staticmethod
+    def _structured(grammar: str | None) -> dict[str, Any]:
+        """The sampling parameters that hold a request to `grammar` (none for a free request)."""
+        if not grammar:
+            return {}
+        from vllm.sampling_params import StructuredOutputsParams
+
+        return {"structured_outputs": StructuredOutputsParams(grammar=grammar)}
 
     def _sampling_params(self, sampling: SamplingSettings, index: int, **extra):
         from vllm import SamplingParams
