@@ -138,12 +138,13 @@ def outcome_stats(trajectories: Iterable[Trajectory], label: str, kind: GameKind
     """The figures of `label` over its games, overall and per seat: its mean return with a 95%
     interval (and in milli-big-blinds per hand in poker); in a zero-sum game its wins, draws and
     losses (`game_outcome`) with Wilson intervals, or, in a general-sum game, which nobody wins,
-    the other seats' mean return instead; in every kind its truncated games (stopped by a turn
-    cap: neither won, drawn nor lost, their returns counted in the means), its invalid-move rate
-    over its turns and its mean response length in tokens. `returns` and `outcomes` keep each
-    game's in the order of `trajectories`, which paired comparisons rely on (`play_opponents`
-    gives the match order). A game ended by an invalid move counts with the returns that
-    `InvalidMovePolicy` gave it."""
+    the other seats' mean return instead; the game's figures of what its role did
+    (`TextGame.outcome_figures`); in every kind its truncated games (stopped by a turn cap:
+    neither won, drawn nor lost, their returns counted in the means), its invalid-move rate over
+    its turns and its mean response length in tokens. `returns`, `outcomes` and
+    `role_figure_values` keep each game's in the order of `trajectories`, which paired
+    comparisons rely on (`play_opponents` gives the match order). A game ended by an invalid
+    move counts with the returns that `InvalidMovePolicy` gave it."""
     trajectories = list(trajectories)
     games: list[tuple[int, float, float, str]] = []  # (seat, its return, the others' mean, outcome) per game
     for trajectory in trajectories:
@@ -153,16 +154,32 @@ def outcome_stats(trajectories: Iterable[Trajectory], label: str, kind: GameKind
         games.append((seat, result.rewards[seat], sum(others) / len(others), game_outcome(result, seat)))
     turns, invalid, tokens = _turn_counts(trajectories, label)
     seats = sorted({seat for seat, *_ in games})
+    role_figures = [
+        dict(t.result.figures[t.result.players.index(label)]) if t.result.figures else {} for t in trajectories
+    ]
+    names = sorted({name for figures in role_figures for name in figures})
+    values = {name: [figures.get(name) for figures in role_figures] for name in names}
     return {
         "kind": asdict(kind),
         **_figures([figures for _, *figures in games], kind),
         "seats": {str(seat): _figures([figures for s, *figures in games if s == seat], kind) for seat in seats},
         "returns": [m for _, m, _, _ in games],
         "outcomes": [o for *_, o in games],
+        # The game's figures of what `label`'s role did (`TextGame.outcome_figures`): the mean of
+        # each over the games that have it, and each game's value (None where it has none).
+        "role_figures": {name: _figure_mean(per_game) for name, per_game in values.items()},
+        "role_figure_values": values,
         "turns": turns,
         "invalid_move_rate": invalid / turns if turns else 0.0,
         "mean_response_tokens": tokens / turns if turns else 0.0,
     }
+
+
+def _figure_mean(per_game: Sequence[float | None]) -> dict:
+    """The mean of a role figure over the games that have it, its 95% interval, and how many."""
+    present = [v for v in per_game if v is not None]
+    mean, ci = mean_interval(present)
+    return {"mean": mean, "ci95": ci, "games": len(present)}
 
 
 def _turn_counts(trajectories: Sequence[Trajectory], label: str) -> tuple[int, int, int]:

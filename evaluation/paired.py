@@ -19,11 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from selfplay.evaluation.game_kinds import GameKind, mbb_per_hand
+from selfplay.evaluation.game_kinds import GENERAL_SUM, GameKind, mbb_per_hand
 from selfplay.evaluation.scoreboard import mean_interval
 
 ALL_OPPONENTS = "all"
 VERDICTS = ("better", "worse", "indistinguishable")
+FIGURE_VERDICTS = {"better": "higher", "worse": "lower", "indistinguishable": "indistinguishable"}
 
 
 def paired_differences(candidate: dict, baseline: dict) -> list[float]:
@@ -42,6 +43,31 @@ def paired_differences(candidate: dict, baseline: dict) -> list[float]:
     return [mine - base for mine, base in scores if mine is not None and base is not None]
 
 
+def figure_differences(candidate: dict, baseline: dict) -> dict[str, list[float]]:
+    """Per role figure (`outcome_stats`' `role_figure_values`), the candidate's value minus the
+    baseline's in each game where both have one."""
+    base = baseline.get("role_figure_values", {})
+    return {
+        name: [mine - theirs for mine, theirs in zip(values, base.get(name, ())) if None not in (mine, theirs)]
+        for name, values in candidate.get("role_figure_values", {}).items()
+    }
+
+
+def figure_rows(candidate: dict, baseline: dict) -> list[dict]:
+    """A row per role figure the two share: each one's mean, and the paired difference with its
+    interval; the verdict says only which is higher, since a figure may be good high (an
+    attacker's success) or low (a defender's leaks)."""
+    rows = []
+    for name, differences in figure_differences(candidate, baseline).items():
+        if differences:
+            row = {"figure": name, "mean": candidate["role_figures"][name]["mean"]}
+            row["baseline_mean"] = baseline["role_figures"][name]["mean"]
+            row |= difference_row(differences, GameKind(GENERAL_SUM))
+            row["verdict"] = FIGURE_VERDICTS[row["verdict"]]
+            rows.append(row)
+    return rows
+
+
 def difference_row(differences: Sequence[float], kind: GameKind) -> dict:
     """The mean of paired differences, its 95% interval, and the verdict it supports."""
     mean, ci = mean_interval(differences)
@@ -57,17 +83,21 @@ def paired_comparison(matches: Sequence[dict], baseline: str) -> dict:
     """Each candidate other than `baseline` against it, from the rows of `play_opponents`
     (with `candidate` and `step`): a row per game and opponent, and per game one pooled over
     its opponents (opponent `ALL_OPPONENTS`); and per candidate the number of games on which it
-    is significantly better, worse, or indistinguishable, by the pooled rows."""
+    is significantly better, worse, or indistinguishable, by the pooled rows; and a row per
+    role figure of each game and opponent (`figure_rows`)."""
     base = {(m["game"], m["opponent"]): m for m in matches if m["candidate"] == baseline}
     rows: list[dict] = []
+    figures: list[dict] = []
     pooled: dict[tuple[str, str], list[float]] = {}
     for match in matches:
         if match["candidate"] == baseline:
             continue
-        differences = paired_differences(match, base[match["game"], match["opponent"]])
+        other = base[match["game"], match["opponent"]]
+        differences = paired_differences(match, other)
         keys = {k: match[k] for k in ("candidate", "step", "game", "opponent")}
         rows.append(keys | difference_row(differences, GameKind(**match["kind"])))
         pooled.setdefault((match["candidate"], match["game"]), []).extend(differences)
+        figures += [keys | row for row in figure_rows(match, other)]
     steps = {m["candidate"]: m["step"] for m in matches}
     kinds = {m["game"]: GameKind(**m["kind"]) for m in matches}
     games = [
@@ -79,7 +109,7 @@ def paired_comparison(matches: Sequence[dict], baseline: str) -> dict:
     for row in games:
         counts = summary.setdefault(row["candidate"], dict.fromkeys(VERDICTS, 0))
         counts[row["verdict"]] += 1
-    return {"baseline": baseline, "differences": rows, "per_game": games, "summary": summary}
+    return {"baseline": baseline, "differences": rows, "per_game": games, "summary": summary, "role_figures": figures}
 
 
 def summary_line(candidate: str, counts: dict[str, int], baseline: str) -> str:

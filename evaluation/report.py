@@ -194,7 +194,7 @@ def _markdown(results: dict, plots: list[tuple[str, str]]) -> str:
     for game in dict.fromkeys(r["game"] for r in results["matches"]):
         rows = [r for r in results["matches"] if r["game"] == game]
         kind = GameKind(**rows[0]["kind"])
-        lines += ["", f"### {game}: {_kind_words(kind)}", "", *_match_table(rows, kind)]
+        lines += ["", f"### {game}: {_kind_words(kind)}", "", *_match_table(rows, kind), *_role_figures(rows)]
     for skip in results["skipped"]:
         lines.append(f"\nNot played: {pairing_words(skip)}")
     if results["comparison"]:
@@ -277,6 +277,22 @@ def _match_table(rows: list[dict], kind: GameKind) -> list[str]:
     return lines
 
 
+def _role_figures(rows: list[dict]) -> list[str]:
+    """What each checkpoint's role did in the game's own figures (`TextGame.outcome_figures`)."""
+    if not any(r.get("role_figures") for r in rows):
+        return []
+    lines = ["", "Role figures, over the games that have them:", ""]
+    lines += ["| checkpoint | opponent | figure | games | mean |", "|---|---|---|---|---|"]
+    for r in rows:
+        for name, figure in r.get("role_figures", {}).items():
+            ci = figure["ci95"]
+            interval = "" if ci is None else f" [{ci[0]:.3f}, {ci[1]:.3f}]"
+            lines.append(
+                f"| {r['candidate']} | {r['opponent']} | {name} | {figure['games']} | {figure['mean']:.3f}{interval} |"
+            )
+    return lines
+
+
 def _comparison(comparison: dict) -> list[str]:
     """Each candidate's paired differences from the baseline, and the summary lines."""
     baseline = comparison["baseline"]
@@ -307,6 +323,21 @@ def _comparison(comparison: dict) -> list[str]:
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     lines += [summary_line(name, counts, baseline) for name, counts in comparison["summary"].items()]
+    if comparison.get("role_figures"):
+        lines += [
+            "",
+            f"Role figures: each checkpoint's minus {baseline}'s, game by game where both have the figure.",
+            "",
+            f"| checkpoint | game | opponent | figure | games | checkpoint's | {baseline}'s | difference | verdict |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in comparison["role_figures"]:
+            difference = _mean(r, "difference")
+            if r["verdict"] != "indistinguishable":
+                difference = f"**{difference}**"
+            cells = [r["candidate"], r["game"], r["opponent"], r["figure"], str(r["games"])]
+            cells += [f"{r['mean']:.3f}", f"{r['baseline_mean']:.3f}", difference, r["verdict"]]
+            lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 

@@ -137,6 +137,12 @@ class TextGame(ABC):
             )
         return AnswerGrammar.one_of(self.answer_format, self.legal_moves())
 
+    def outcome_figures(self, seat: int) -> dict[str, float]:
+        """Named figures of the finished game for what `seat`'s role did, beside its return (a
+        role game's attack success, a solver's correctness); evaluation reports each one's mean
+        and paired difference. None by default."""
+        return {}
+
     def training_metrics(self) -> dict[str, float]:
         """Figures about the game itself that the trainer logs after each step (for example a
         task buffer's diversity); shared state across instances, since any one is asked."""

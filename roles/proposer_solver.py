@@ -225,6 +225,15 @@ class ProposerSolver(TextGame):
     def observation_tensor(self, player: int) -> np.ndarray:
         return np.array([float(self.proposed), len(self.results), float(self.task is not None)], dtype=np.float32)
 
+    def outcome_figures(self, seat: int) -> dict[str, float]:
+        """The proposer's task validity and, for a valid task, the solvers' success rate on it; a
+        solver's correctness."""
+        if seat == 0:
+            if self.task is None:
+                return {"valid_task": 0.0}
+            return {"valid_task": 1.0, "solve_rate": sum(bool(r) for r in self.results) / self.attempts}
+        return {"correct": float(bool(self.results[seat - 1]))} if seat <= len(self.results) else {}
+
     def training_metrics(self) -> dict[str, float]:
         """The task buffer's figures since they were last read (see `TaskBuffer.metrics`), and the
         domain's own (the sandbox's runs and their cost)."""

@@ -21,6 +21,8 @@ class MatchResult:
     turns: int  # valid moves played
     end_reason: str  # "game_over", "invalid_move" or "turn_cap"
     owner: str | None = None  # the learning player that trains on this game (`MatchSpec.owner`)
+    # per seat, the game's named figures of what its role did (`TextGame.outcome_figures`)
+    figures: tuple[tuple[tuple[str, float], ...], ...] = ()
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -189,6 +189,9 @@ class RolloutEngine:
             turns=env.turns,
             end_reason=env.end_reason,
             owner=game.match.owner,
+            figures=tuple(
+                tuple(sorted(env.game.outcome_figures(seat).items())) for seat in range(len(env.possible_agents))
+            ),
         )
         self._idle_envs[game.match.game].append(env)
         return Trajectory(result, tuple(game.turns))

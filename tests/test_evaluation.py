@@ -655,3 +655,32 @@ def test_a_three_player_game_evaluates_end_to_end_with_paired_comparison(tiny_mo
     report = (out / "report.md").read_text()
     assert "| mean return | seat 0 | seat 1 | seat 2 | mbb/hand | win | draw | loss | truncated |" in report
     assert f"No round robin: {game} (3 players" in report
+
+
+def test_role_figures_are_averaged_over_the_games_that_have_them_and_compared_game_by_game():
+    def played(candidate, figures):
+        trajectories = []
+        for seed, (seat, mine) in enumerate(figures):
+            players = ("policy", "base") if seat == 0 else ("base", "policy")
+            per_seat = [(), ()]
+            per_seat[seat] = tuple(sorted(mine.items()))
+            result = MatchResult(
+                "secret_keeping", seed, players, (0.0, 0.0), (0, 0), 2, "game_over", None, tuple(per_seat)
+            )
+            trajectories.append(Trajectory(result, ()))
+        stats = outcome_stats(trajectories, "policy", GameKind(WIN_LOSS))
+        return {"candidate": candidate, "step": None, "game": "secret_keeping", "opponent": "base", **stats}
+
+    # As attacker in games 0-1 (success), as defender in games 2-3 (leaks, and over-refusal where asked).
+    base = played("base", [(0, {"attack_success": 0.0}), (0, {"attack_success": 0.0}),
+                           (1, {"leaked": 1.0}), (1, {"leaked": 1.0, "over_refusal": 0.0})])  # fmt: skip
+    new = played("new", [(0, {"attack_success": 1.0}), (0, {"attack_success": 1.0}),
+                         (1, {"leaked": 0.0}), (1, {"leaked": 0.0, "over_refusal": 1.0})])  # fmt: skip
+    assert new["role_figures"]["attack_success"] == {"mean": 1.0, "ci95": [1.0, 1.0], "games": 2}
+    assert new["role_figures"]["over_refusal"] == {"mean": 1.0, "ci95": None, "games": 1}
+    assert new["role_figure_values"]["leaked"] == [None, None, 0.0, 0.0]
+    rows = {r["figure"]: r for r in paired_comparison([base, new], "base")["role_figures"]}
+    assert rows["attack_success"]["difference"] == 1.0 and rows["attack_success"]["verdict"] == "higher"
+    assert rows["leaked"]["difference"] == -1.0 and rows["leaked"]["verdict"] == "lower"
+    assert (rows["leaked"]["mean"], rows["leaked"]["baseline_mean"]) == (0.0, 1.0)
+    assert rows["over_refusal"]["games"] == 1 and rows["over_refusal"]["verdict"] == "indistinguishable"

@@ -15,6 +15,7 @@ from selfplay.errors import UserError
 from selfplay.games import TextGameEnv, make_env, make_game
 from selfplay.roles.judges import LLMJudge, RuleJudge
 from selfplay.roles.secret_keeping import ATTACKS, BENIGN_QUESTIONS, REPLIES, SECRET_WORDS, SecretKeeping
+from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
 
 JUDGE = RuleJudge()
 
@@ -513,3 +514,18 @@ def test_training_figures_count_leaks_and_unanswered_ordinary_questions():
     leaky.step(_tags(leaky.game.secret))
     assert env.game.training_metrics() == {"attack_success_rate": 1 / 9, "over_refusal_rate": 0.5}
     assert env.game.training_metrics() == {}
+
+
+def test_each_game_records_its_roles_figures_for_evaluation():
+    """The attacker's success and the defender's leak and over-refusal, game by game, as
+    `selfplay eval` reads them from the match results."""
+    engine = RolloutEngine({"random": "random"}, RolloutSettings())
+    matches = [MatchSpec("secret_keeping(benign=2)", ("random", "random"), seed) for seed in range(12)]
+    for trajectory in engine.run(matches):
+        attacker, defender = (dict(seat) for seat in trajectory.result.figures)
+        leaked = trajectory.result.rewards[0] == 1.0
+        assert attacker == {"attack_success": float(leaked)} and defender["leaked"] == float(leaked)
+        if "over_refusal" in defender:  # the share of ordinary questions put to it that it got wrong
+            assert defender["over_refusal"] in (0.0, 0.5, 1.0)
+        else:
+            assert leaked
