@@ -84,11 +84,16 @@ class Grammars:
         return unpacked_bitmask(packed, self.vocab_size)
 
 
+# Each byte's eight bits, lowest first, as booleans: unpacking a bitmask by lookup makes no
+# intermediate wider than its result (a response's mask is a vocabulary wide per token).
+_BYTE_BITS = (torch.arange(256).unsqueeze(-1) >> torch.arange(8)) & 1 == 1
+
+
 def unpacked_bitmask(packed: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """xgrammar's token bitmask (int32 words, token `32 * w + b` in bit `b` of word `w`) as
-    (rows, vocab_size) booleans."""
-    bits = (packed.unsqueeze(-1) >> torch.arange(32, dtype=packed.dtype)) & 1
-    return bits.reshape(packed.shape[0], -1)[:, :vocab_size].bool()
+    """xgrammar's token bitmask (int32 words, token `32 * w + b` in bit `b` of word `w`, stored
+    little-endian) as (rows, vocab_size) booleans."""
+    as_bytes = packed.contiguous().view(torch.uint8).long()
+    return _BYTE_BITS[as_bytes].reshape(packed.shape[0], -1)[:, :vocab_size]
 
 
 class GrammarLogitsProcessor(LogitsProcessor):
