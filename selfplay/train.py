@@ -9,6 +9,9 @@ its generation backend -> the league records the results and takes its snapshots
 go to TensorBoard and the progress bar, and a checkpoint is written every `checkpoint_every`
 steps.
 
+Who plays and how each generates (learning players, snapshots, scripted agents, their backends)
+is the roster's (`selfplay.roster`); the trainer asks it for each step's players.
+
 Everything random derives from `seed` and the step number (and the checkpointed torch random
 state), so a run resumed after a crash replays the steps it lost exactly as they would have been.
 """
@@ -23,8 +26,7 @@ import shlex
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -35,8 +37,7 @@ from transformers.utils import logging as transformers_logging
 
 from selfplay.advantages import advantage_stats, estimate
 from selfplay.agents import make_agent
-from selfplay.backends import PRECISIONS, PolicyBackend, make_backend
-from selfplay.backends.base import checked_weights
+from selfplay.backends import PolicyBackend
 from selfplay.checkpoint import (
     checkpoint_step,
     exploiter_checkpoint,
@@ -47,7 +48,7 @@ from selfplay.checkpoint import (
 )
 from selfplay.cleanup import close_all
 from selfplay.config import TrainConfig, config_to_dict, load_config, settings_by_key
-from selfplay.distributed.learner_group import LearnerGroup, LearnerProcessDied
+from selfplay.distributed.learner_group import LearnerProcessDied
 from selfplay.errors import UserError
 from selfplay.evaluation import exact_play
 from selfplay.evaluation.evaluate import plan_pairings, play_opponents
@@ -58,7 +59,7 @@ from selfplay.evaluation.exploitability import (
     policy_exploitability,
 )
 from selfplay.evaluation.game_kinds import primary_figures
-from selfplay.evaluation.meta_strategy import expected_payoffs, mixture_probabilities
+from selfplay.evaluation.meta_strategy import mixture_probabilities
 from selfplay.evaluation.scoreboard import game_outcome, truncation_warning
 from selfplay.evaluation.training_curve import (
     Evaluation,
@@ -83,7 +84,8 @@ from selfplay.learner import Learner, NonFiniteUpdate, Sample
 from selfplay.model_specs import model_directory
 from selfplay.records import Trajectory
 from selfplay.roles.base import advantage_key
-from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
+from selfplay.rollouts import RolloutEngine, RolloutSettings
+from selfplay.roster import LearningPlayer, Roster
 from selfplay.run_dir import RunDir, RunLock
 from selfplay.scoring import pick_device, warn_if_bf16_emulated
 from selfplay.tracking import TrackerFailed, Trackers, installed_trackers, open_trackers
@@ -220,18 +222,6 @@ def check_device(device: str | None) -> None:
         raise UserError(f"Bad value for 'device': {device}, but this machine has {count} {kind.type} devices.")
 
 
-def vllm_shares_learner_gpu(config: TrainConfig) -> bool:
-    """Whether the main player's vLLM engine (on the trainer's GPU, cuda:0) shares that GPU with
-    its learner: a one-process learner there, or a sharded one on every GPU of the machine."""
-    if config.backend != "vllm" or not torch.cuda.is_available():
-        return False
-    learner = config.learner
-    if learner.processes > 1:
-        return learner.processes == torch.cuda.device_count()
-    device = torch.device(pick_device(config.device))
-    return device.type == "cuda" and device.index in (None, 0)
-
-
 def eval_pairings(config: TrainConfig) -> dict[str, list[str]]:
     """The (game, fixed opponent) pairings evaluated every `eval.every` steps."""
     plan = plan_pairings(config.eval.games or list(config.games), config.eval.opponents)
@@ -294,17 +284,6 @@ class TrainingDiverged(RuntimeError):
     checkpoint. Not a `UserError`: no setting was refused, training failed, and its traceback is kept."""
 
 
-@dataclass
-class LearningPlayer:
-    """A policy in training: its learner, the backend generating with its weights, and its
-    advantage baselines."""
-
-    name: str
-    learner: Learner
-    backend: PolicyBackend
-    baselines: dict = field(default_factory=dict)
-
-
 class Trainer:
     def __init__(self, config: TrainConfig, *, resume: bool = False, progress: bool = True):
         validate(config)
@@ -317,8 +296,7 @@ class Trainer:
         # Held until `close`: no other process may train, resume or prune this run meanwhile.
         self.run_lock = RunLock(self.run_dir)
         # What the run holds besides, as `_open` opens it, and `close` releases.
-        self.players: dict[str, LearningPlayer] = {}
-        self.frozen: dict[str, PolicyBackend] = {}  # snapshots' backends, loaded when first matched
+        self.roster: Roster | None = None  # who plays, and the backends they generate with
         self.workers, self.started_ray = None, False  # Ray rollout workers, with `distributed.rollout_workers`
         self.league: League | None = None
         self.trackers: Trackers | None = None
@@ -358,13 +336,12 @@ class Trainer:
             )
         self.model_path = model_directory(config.model)
         self.games = {spec: make_game(spec) for spec in config.games}  # asked for their own figures each step
-        self.shared_base = None  # the initial model under the exploiters' adapters, once needed
         self.rollout_settings = RolloutSettings.from_config(config.rollout)
         if config.distributed.rollout_workers:
             self._start_workers()
         self.submitted = self.step  # the last step whose games were handed to the workers
-        main = self._learning_player(MAIN, config.learner, checkpoint)
-        self.players[MAIN] = main
+        self.roster = Roster(config, self.model_path, self.run_dir, self.rollout_settings, self.workers)
+        main = self.roster.add_learning_player(MAIN, checkpoint, self.step)
         if checkpoint is None:  # once the model has loaded: a run that cannot start leaves no directory
             start_run_dir(self.run_dir, config)
         else:
@@ -377,71 +354,21 @@ class Trainer:
                 "backend_precision": (config.backend_precision, getattr(main.backend, "device", None)),
             }
         )
-        self.snapshot_policies: dict[str, dict] = {}  # snapshots' move probabilities, once an exact check asks
         self.league = self._open_league(checkpoint) if config.league.enabled else League(config)
+        self.roster.league = self.league
         if checkpoint is not None:  # last, so that its random state is the one the run goes on with
             main.baselines = _baselines(load_checkpoint(checkpoint, main.learner))
         self.trackers = open_trackers(config, self.step, resume=checkpoint is not None)
 
     @property
     def learner(self) -> Learner:
-        return self.players[MAIN].learner
+        return self.roster.players[MAIN].learner
 
     @property
     def backend(self) -> PolicyBackend:
-        return self.players[MAIN].backend
+        return self.roster.players[MAIN].backend
 
     # -- setting up ----------------------------------------------------------------------------
-
-    def _learning_player(
-        self, name: str, learner_config, checkpoint: Path | None, exploiter: bool = False
-    ) -> LearningPlayer:
-        """A learner from `checkpoint` (or the initial model) and a backend serving its weights.
-        Exploiters' LoRA adapters share one frozen copy of the initial model, and with the
-        `hf` backend they generate with their learner's own model: an exploiter costs its
-        adapters and optimizer state, not another copy of the weights."""
-        config = self.config
-        shared_base = self._exploiter_base() if exploiter and learner_config.lora.rank > 0 else None
-        settings = {
-            "temperature": config.rollout.temperature,
-            "token_sum_length": config.rollout.max_new_tokens,
-            "device": config.device,
-            "seed": config.seed,
-            "resume_from": checkpoint,
-        }
-        if learner_config.processes > 1:
-            learner = LearnerGroup(self.model_path, learner_config, **settings)
-        else:
-            learner = Learner(self.model_path, learner_config, shared_base=shared_base, **settings)
-        try:
-            player = LearningPlayer(name, learner, self._backend_for(name, learner, shared_base))
-        except BaseException:
-            if isinstance(learner, LearnerGroup):  # its processes must not outlive a failed start
-                learner.close()
-            raise
-        if checkpoint is not None:
-            self._sync(player)
-        return player
-
-    def _backend_for(self, name: str, learner, shared_base) -> PolicyBackend:
-        """The backend generating with `learner`'s weights. The rollout workers generate for a
-        distributed run: the trainer's backend then only evaluates."""
-        config = self.config
-        sharded = isinstance(learner, LearnerGroup)
-        if (shared_base is not None and config.backend == "hf") or (self.workers is not None and not sharded):
-            return make_backend("hf", str(self.model_path), device=learner.device, model=learner.model)
-        if self.workers is not None:  # a sharded learner has no whole model to share: a copy it streams into
-            return make_backend("hf", str(self.model_path), config.backend_precision, device=learner.device)
-        colocated = {"sleep_while_learning": True} if name == MAIN and vllm_shares_learner_gpu(config) else {}
-        return make_backend(config.backend, str(self.model_path), config.backend_precision, **colocated)
-
-    def _exploiter_base(self):
-        if self.shared_base is None:
-            from transformers import AutoModelForCausalLM
-
-            device = pick_device(self.config.device)
-            self.shared_base = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32).to(device)
-        return self.shared_base
 
     def _start_workers(self) -> None:
         from selfplay.distributed.cluster import connect
@@ -458,39 +385,8 @@ class Trainer:
             config.backend_precision,
             self.rollout_settings,
             learner_device=pick_device(config.device),
-            current_weights=lambda name: self._backend_weights(self.players[name]),
+            current_weights=lambda name: self.roster.backend_weights(name),
             device=config.device,
-        )
-
-    def _backend_weights(self, player: LearningPlayer) -> Iterator[tuple[str, torch.Tensor]]:
-        """The learner's weights as its backends take them: streamed, in the backends' precision."""
-        return player.learner.policy_weights(PRECISIONS[self.config.backend_precision])
-
-    def _sync(self, player: LearningPlayer) -> None:
-        """The learner's current weights to its backend (and the rollout workers), as this
-        step's version, streamed: no file, and no whole model gathered by a sharded learner."""
-        if self.workers is not None:
-            self.workers.publish(player.name, self._backend_weights(player), self.step)
-        if player.backend.shares_model:
-            player.backend.version = self.step
-        else:
-            player.backend.load_state(self._backend_weights(player), version=self.step)
-
-    def _exploiter_config(self):
-        learner, league = self.config.learner, self.config.league
-        # An exploiter's KL reference is the shared base under its adapters, which stays put. Each
-        # restart is a new learner whose lifetime the snapshot rule decides as it goes, so its
-        # rate does not decay with the run's: it warms up from each restart, then stays.
-        # Exploiters train in the trainer's process: the main player's learner alone is sharded.
-        return dataclasses.replace(
-            learner,
-            processes=1,
-            offload=False,
-            lr=learner.lr if league.exploiter_lr is None else league.exploiter_lr,
-            lr_schedule="constant",
-            kl_coef=learner.kl_coef if league.exploiter_kl_coef is None else league.exploiter_kl_coef,
-            lora=dataclasses.replace(learner.lora, rank=league.exploiter_lora_rank),
-            reference_update_every=0,
         )
 
     def _open_league(self, checkpoint: Path | None) -> League:
@@ -501,62 +397,18 @@ class Trainer:
         store.rollback_to(self.step)
         if not store.players():
             store.add_players(initial_players(self.config))
-        exact = self._exact_return if self.config.league.psro_payoffs == "exact" else None
+        exact = self.roster.exact_return if self.config.league.psro_payoffs == "exact" else None
         league = League(self.config, store, exact_return=exact)
         for player in league.learning_players():
             if player.name != MAIN:
                 saved = exploiter_checkpoint(checkpoint, player.name) if checkpoint is not None else None
-                exploiter = self._learning_player(player.name, self._exploiter_config(), saved, exploiter=True)
+                exploiter = self.roster.add_learning_player(player.name, saved, self.step)
                 if saved is not None:
                     exploiter.baselines = _baselines(load_checkpoint(saved, exploiter.learner))
-                self.players[player.name] = exploiter
         first = snapshot_name(MAIN, 0)
         if first not in league.players:
-            league.add_initial_snapshot(self._freeze(MAIN, first))
+            league.add_initial_snapshot(self.roster.freeze(MAIN, first))
         return league
-
-    def _freeze(self, learner: str, snapshot: str) -> str:
-        """Write a learning player's current weights as the snapshot `snapshot`; returns their
-        path relative to the run directory."""
-        path = RunDir(self.run_dir).snapshot(snapshot)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.players[learner].learner.export_weights(path)
-        return str(path.relative_to(self.run_dir))
-
-    def _frozen_backend(self, name: str) -> PolicyBackend:
-        """The backend of a snapshot, loaded on first use. Snapshots generate with transformers
-        whatever the training backend: a vLLM engine per snapshot would each reserve its own
-        share of the GPU."""
-        if name not in self.frozen:
-            backend = make_backend(
-                "hf", str(self.model_path), self.config.backend_precision, device=self.config.device, frozen=True
-            )
-            backend.load_weights(self._snapshot_weights(name), version=self.league.players[name].created_step)
-            self.frozen[name] = backend
-        return self.frozen[name]
-
-    def _snapshot_weights(self, name: str) -> Path:
-        weights = self.run_dir / self.league.players[name].weights
-        if not weights.exists():
-            raise UserError(
-                f"The weights of league player '{name}' are missing ({weights}). The run directory is "
-                "incomplete: restore the file, or start a new run."
-            )
-        return weights
-
-    def _seat_players(self, matches: Sequence[MatchSpec]) -> dict:
-        """Engine players for every label seated in `matches`: learning players' and snapshots'
-        backends, and scripted agents by their specs."""
-        snapshots = {p.name for p in self.league.snapshots()}
-        seated = {}
-        for label in {label for match in matches for label in match.players}:
-            if label in self.players:
-                seated[label] = self.players[label].backend
-            elif label in snapshots:
-                seated[label] = self._frozen_backend(label)
-            else:
-                seated[label] = label
-        return seated
 
     # -- training ------------------------------------------------------------------------------
 
@@ -639,12 +491,9 @@ class Trainer:
         """Release what the run holds, each part whatever the others do (`close_all`; `failing`: an
         error of the run's own comes first): its logs, backends, league store, workers and, last,
         the run directory's lock. A run that could not open holds only some of them."""
-        backends = [*((name, p.backend) for name, p in self.players.items()), *self.frozen.items()]
-        groups = [(name, p.learner) for name, p in self.players.items() if isinstance(p.learner, LearnerGroup)]
         steps = [
             *([("closing the trackers", self.trackers.close)] if self.trackers is not None else []),
-            *((f"closing {name}'s backend", backend.close) for name, backend in backends),
-            *((f"stopping {name}'s learner processes", learner.close) for name, learner in groups),
+            *(self.roster.closers() if self.roster is not None else []),
             *([("closing the league store", self.league.close)] if self.league is not None else []),
             *([("stopping the rollout workers", self.workers.close)] if self.workers is not None else []),
         ]
@@ -709,7 +558,7 @@ class Trainer:
         metrics: dict[str, float] = {}
         if self.workers is None:
             matches = self.league.schedule(self.step)
-            seated = self._seat_players(matches)
+            seated = self.roster.seat(matches)
             versions = {label: player.version for label, player in seated.items() if isinstance(player, PolicyBackend)}
             engine = RolloutEngine(seated, dataclasses.replace(self.rollout_settings, sampling=self._sampling()))
             trajectories = list(engine.run(matches))
@@ -722,9 +571,9 @@ class Trainer:
         generated = time.perf_counter()
 
         sync_s = 0.0
-        for player in self.players.values():  # a vLLM engine on the learner's GPU sleeps until its sync
+        for player in self.roster.players.values():  # a vLLM engine on the learner's GPU sleeps until its sync
             player.backend.release_memory()
-        for name, player in self.players.items():
+        for name, player in self.roster.players.items():
             owned = [t for t in trajectories if t.result.owner == name]
             learned = [learner_view(t, name) for t in owned]
             advantages, player.baselines = estimate(
@@ -761,7 +610,7 @@ class Trainer:
                 ) from err
             stats.update({f"learner/{k}": v for k, v in learned_stats.items()})
             synced = time.perf_counter()
-            self._sync(player)
+            self.roster.sync(player, self.step)
             sync_s += time.perf_counter() - synced
             prefix = "" if name == MAIN else f"{name}/"
             metrics.update({f"{prefix}{k}": v for k, v in stats.items()})
@@ -802,15 +651,17 @@ class Trainer:
             matches = self.league.schedule(self.submitted)
             snapshots = {p.name for p in self.league.snapshots()}
             for label in {label for match in matches for label in match.players} & snapshots:
-                self.workers.add_snapshot(label, self._snapshot_weights(label), self.league.players[label].created_step)
-            self.workers.submit(self.submitted, matches, self._sampling(self.submitted), list(self.players))
+                self.workers.add_snapshot(
+                    label, self.roster.snapshot_weights(label), self.league.players[label].created_step
+                )
+            self.workers.submit(self.submitted, matches, self._sampling(self.submitted), list(self.roster.players))
 
     def _distributed_metrics(self, played) -> dict[str, float]:
         lags = [
-            self.players[turn.agent].backend.version - turn.policy_version
+            self.roster.players[turn.agent].backend.version - turn.policy_version
             for trajectory in played.trajectories
             for turn in trajectory.turns
-            if turn.agent in self.players
+            if turn.agent in self.roster.players
         ]
         return {
             "distributed/version_lag_mean": float(np.mean(lags)) if lags else 0.0,
@@ -836,49 +687,24 @@ class Trainer:
             target = self.league.target_weights(player, game)
             if not target:  # a mix of self-play alone has no target to score against
                 continue
-            learner = self.players[player.name].learner
+            learner = self.roster.players[player.name].learner
             with learner.scoring_model() as model:
                 exploiter = move_probabilities(model, learner.tokenizer, game, self.rollout_settings)
-            policies = [self._snapshot_policy(name, game) for name in target]
+            policies = [self.roster.snapshot_policy(name, game) for name in target]
             mixture = mixture_probabilities(game, policies, list(target.values()))
             checks[player.name] = exact_check(game, exploiter, mixture)
         return checks
-
-    def _exact_return(self, game: str, player: str, opponent: str) -> float:
-        """A past player's exact expected return against another in `game`, averaged over the seats."""
-        policies = [self._snapshot_policy(name, game) for name in (player, opponent)]
-        return float(expected_payoffs(game, policies)[0, 1])
-
-    def _snapshot_policy(self, name: str, game: str) -> dict:
-        """A snapshot's move probabilities in `game`, read as its backend plays (snapshots never change)."""
-        if name not in self.snapshot_policies:
-            backend = self._frozen_backend(name)
-            policy = move_probabilities(backend.model, backend.tokenizer, game, self.rollout_settings)
-            self.snapshot_policies[name] = policy
-        return self.snapshot_policies[name]
 
     def _league_step(
         self, trajectories: Sequence[Trajectory], versions: dict[str, int], checks: dict[str, ExactCheck]
     ) -> dict[str, float]:
         """Record the step in the league (with the step's exact checks); log the exploiters it
         froze, restart them, unload retired snapshots. Returns the league's metrics."""
-        changes = self.league.record_step(self.step, trajectories, versions, self._freeze, checks)
+        changes = self.league.record_step(self.step, trajectories, versions, self.roster.freeze, checks)
         append_stops(RunDir(self.run_dir).exploiter_log, changes.stops)
         for name in changes.resets:
-            self.players[name].backend.close()
-            self.players[name] = self._learning_player(name, self._exploiter_config(), None, exploiter=True)
-            if self.config.league.exploiter_init == "main":
-                restarted = self.players[name].learner.model
-                with torch.no_grad():
-                    for _, tensor, target in checked_weights(restarted, self.players[MAIN].learner.policy_weights()):
-                        target.copy_(tensor)
-            self._sync(self.players[name])
-        if self.workers is not None:
-            self.workers.retire(changes.retired)
-        for name in changes.retired:
-            backend = self.frozen.pop(name, None)
-            if backend is not None:
-                backend.close()
+            self.roster.restart_exploiter(name, self.step)
+        self.roster.retire(changes.retired)
         return self.league.metrics(changes)
 
     def evaluate(self) -> dict[str, float]:
@@ -916,8 +742,9 @@ class Trainer:
     def save(self) -> Path:
         """The step's checkpoint: the main player's, with every exploiter's inside it, so that a
         resumed run takes all of them from the same step."""
-        exploiters = {name: (p.learner, _state(p)) for name, p in self.players.items() if name != MAIN}
-        main = self.players[MAIN]
+        players = self.roster.players
+        exploiters = {name: (p.learner, _state(p)) for name, p in players.items() if name != MAIN}
+        main = players[MAIN]
         return save_checkpoint(
             self.run_dir, self.step, main.learner, _state(main), self.config.keep_checkpoints, exploiters
         )

@@ -428,7 +428,7 @@ def test_exploiters_learn_at_league_exploiter_lr_and_the_main_player_at_learner_
     overrides = [*LEAGUE, "steps=1", "league.exploiter_lr=2e-3", f"model={tiny_model_dir}", f"run_dir={tmp_path}"]
     trainer = Trainer(load_config(None, overrides), progress=False)
     metrics = trainer.run()
-    rates = {name: player.learner.optimizer.param_groups[0]["lr"] for name, player in trainer.players.items()}
+    rates = {name: player.learner.optimizer.param_groups[0]["lr"] for name, player in trainer.roster.players.items()}
     assert rates == {"main": 1e-2, "main_exploiter_0": 2e-3, "league_exploiter_0": 2e-3}
     assert metrics["learner/lr"] == 1e-2 and metrics["main_exploiter_0/learner/lr"] == 2e-3
 
@@ -453,8 +453,10 @@ def test_a_restarted_exploiter_warms_up_again_at_a_rate_the_run_schedule_does_no
     # main: warm-up over steps 1-2, then the linear decay's first step; the exploiter restarts
     # after step 2 and warms up again rather than taking the run's decayed rate.
     assert rates == [pytest.approx([5e-3, 1e-2, 1e-2]), pytest.approx([1e-3, 2e-3, 1e-3])]
-    assert trainer.players["main"].learner.config.kl_coef == 0.1
-    assert {trainer.players[name].learner.config.kl_coef for name in ("main_exploiter_0", "league_exploiter_0")} == {0}
+    assert trainer.roster.players["main"].learner.config.kl_coef == 0.1
+    assert {
+        trainer.roster.players[name].learner.config.kl_coef for name in ("main_exploiter_0", "league_exploiter_0")
+    } == {0}
 
 
 @pytest.mark.slow
@@ -463,12 +465,12 @@ def test_exploiters_can_restart_from_the_main_players_weights(tiny_model_dir, tm
     with pytest.raises(UserError, match="exploiter_lora_rank=0"):
         load_config(None, overrides)
     trainer = Trainer(load_config(None, [*overrides, "league.exploiter_lora_rank=0"]), progress=False)
-    initial = {k: v.clone() for k, v in trainer.players["main"].learner.policy_state_dict().items()}
+    initial = {k: v.clone() for k, v in trainer.roster.players["main"].learner.policy_state_dict().items()}
     trainer.run()  # both exploiters are frozen after step 2, and restart
-    main = trainer.players["main"].learner.policy_state_dict()
+    main = trainer.roster.players["main"].learner.policy_state_dict()
     assert any(not torch.equal(main[k], initial[k]) for k in main)
     for name in ("main_exploiter_0", "league_exploiter_0"):
-        restarted = trainer.players[name].learner.policy_state_dict()
+        restarted = trainer.roster.players[name].learner.policy_state_dict()
         assert all(torch.equal(restarted[k], main[k]) for k in main)
 
 

@@ -332,7 +332,7 @@ def test_a_moving_reference_moves_the_main_learners_and_leaves_lora_exploiters_o
     ]
     trainer = Trainer(load_config(None, overrides), progress=False)
     trainer.run()
-    main, exploiter = trainer.players["main"].learner, trainer.players["main_exploiter_0"].learner
+    main, exploiter = trainer.roster.players["main"].learner, trainer.roster.players["main_exploiter_0"].learner
     assert main.reference_moved and all(
         torch.equal(main.reference.state_dict()[k], v) for k, v in main.model.state_dict().items()
     )

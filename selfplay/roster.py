@@ -1,0 +1,263 @@
+"""Who plays in a training run, and how each generates.
+
+A run seats its learning players (the main player and the league's exploiters: each a learner
+and the backend serving its weights), the league's frozen snapshots (each served by a
+transformers backend from its weights file, loaded when first matched) and scripted agents (seated
+by their specs). The `Roster` owns the first two, answers which backend or agent spec plays each
+label of a step's matches, and reads snapshots' exact move probabilities for the league's exact
+payoffs. The trainer (`selfplay.train`) keeps the loop and asks it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from selfplay.backends import PRECISIONS, PolicyBackend, make_backend
+from selfplay.backends.base import checked_weights
+from selfplay.config import TrainConfig
+from selfplay.distributed.learner_group import LearnerGroup
+from selfplay.errors import UserError
+from selfplay.evaluation.exploitability import move_probabilities
+from selfplay.evaluation.meta_strategy import expected_payoffs
+from selfplay.league.matchmaking import MAIN
+from selfplay.learner import Learner
+from selfplay.rollouts import MatchSpec, RolloutSettings
+from selfplay.run_dir import RunDir
+from selfplay.scoring import pick_device
+
+if TYPE_CHECKING:
+    from selfplay.distributed.worker_pool import RolloutWorkers
+    from selfplay.league.manager import League
+
+
+def vllm_shares_learner_gpu(config: TrainConfig) -> bool:
+    """Whether the main player's vLLM engine (on the trainer's GPU, cuda:0) shares that GPU with
+    its learner: a one-process learner there, or a sharded one on every GPU of the machine."""
+    if config.backend != "vllm" or not torch.cuda.is_available():
+        return False
+    learner = config.learner
+    if learner.processes > 1:
+        return learner.processes == torch.cuda.device_count()
+    device = torch.device(pick_device(config.device))
+    return device.type == "cuda" and device.index in (None, 0)
+
+
+@dataclass
+class LearningPlayer:
+    """A policy in training: its learner, the backend generating with its weights, and its
+    advantage baselines."""
+
+    name: str
+    learner: Learner
+    backend: PolicyBackend
+    baselines: dict = field(default_factory=dict)
+
+
+class Roster:
+    """The policies a run seats and how each is served. `players` are the learning players by
+    name; `frozen` the snapshots' backends loaded so far. `league` is the run's league, whose
+    snapshots it serves: the trainer sets it once the league is open (the league itself asks the
+    roster for snapshots' exact returns). `workers`: the rollout workers of a distributed run,
+    which then generate, every learner's weights published to them at each sync."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        model_path: Path,
+        run_dir: Path,
+        rollout_settings: RolloutSettings,
+        workers: RolloutWorkers | None = None,
+    ):
+        self.config = config
+        self.model_path = model_path
+        self.run_dir = run_dir
+        self.rollout_settings = rollout_settings
+        self.workers = workers
+        self.league: League | None = None
+        self.players: dict[str, LearningPlayer] = {}
+        self.frozen: dict[str, PolicyBackend] = {}  # snapshots' backends, loaded when first matched
+        self.snapshot_policies: dict[str, dict] = {}  # snapshots' move probabilities, once exact payoffs ask
+        self.shared_base = None  # the initial model under the exploiters' adapters, once needed
+
+    # -- learning players ----------------------------------------------------------------------
+
+    def add_learning_player(self, name: str, checkpoint: Path | None = None, version: int = 0) -> LearningPlayer:
+        """Seat the learning player `name` (the main player, or an exploiter): a learner from
+        `checkpoint` (or the initial model) and a backend serving its weights, synced as `version`.
+        Exploiters' LoRA adapters share one frozen copy of the initial model, and with the `hf`
+        backend they generate with their learner's own model: an exploiter costs its adapters and
+        optimizer state, not another copy of the weights."""
+        config = self.config
+        exploiter = name != MAIN
+        learner_config = self._exploiter_config() if exploiter else config.learner
+        shared_base = self._shared_base() if exploiter and learner_config.lora.rank > 0 else None
+        settings = {
+            "temperature": config.rollout.temperature,
+            "token_sum_length": config.rollout.max_new_tokens,
+            "device": config.device,
+            "seed": config.seed,
+            "resume_from": checkpoint,
+        }
+        if learner_config.processes > 1:
+            learner = LearnerGroup(self.model_path, learner_config, **settings)
+        else:
+            learner = Learner(self.model_path, learner_config, shared_base=shared_base, **settings)
+        try:
+            player = LearningPlayer(name, learner, self._backend_for(name, learner, shared_base))
+        except BaseException:
+            if isinstance(learner, LearnerGroup):  # its processes must not outlive a failed start
+                learner.close()
+            raise
+        self.players[name] = player
+        if checkpoint is not None:
+            self.sync(player, version)
+        return player
+
+    def restart_exploiter(self, name: str, version: int) -> None:
+        """Start the exploiter `name` again after its snapshot: from the initial weights, or with
+        `league.exploiter_init: main` from the main player's current ones; synced as `version`."""
+        self.players[name].backend.close()
+        player = self.add_learning_player(name)
+        if self.config.league.exploiter_init == "main":
+            main_weights = self.players[MAIN].learner.policy_weights()  # a stream, read under no_grad
+            with torch.no_grad():
+                for _, tensor, target in checked_weights(player.learner.model, main_weights):
+                    target.copy_(tensor)
+        self.sync(player, version)
+
+    def sync(self, player: LearningPlayer, version: int) -> None:
+        """The learner's current weights to its backend (and the rollout workers), as `version`,
+        streamed: no file, and no whole model gathered by a sharded learner."""
+        if self.workers is not None:
+            self.workers.publish(player.name, self.backend_weights(player.name), version)
+        if player.backend.shares_model:
+            player.backend.version = version
+        else:
+            player.backend.load_state(self.backend_weights(player.name), version=version)
+
+    def backend_weights(self, name: str) -> Iterator[tuple[str, torch.Tensor]]:
+        """A learning player's weights as its backends take them: streamed, in the backends' precision."""
+        return self.players[name].learner.policy_weights(PRECISIONS[self.config.backend_precision])
+
+    def _backend_for(self, name: str, learner, shared_base) -> PolicyBackend:
+        """The backend generating with `learner`'s weights. The rollout workers generate for a
+        distributed run: the trainer's backend then only evaluates."""
+        config = self.config
+        sharded = isinstance(learner, LearnerGroup)
+        if (shared_base is not None and config.backend == "hf") or (self.workers is not None and not sharded):
+            return make_backend("hf", str(self.model_path), device=learner.device, model=learner.model)
+        if self.workers is not None:  # a sharded learner has no whole model to share: a copy it streams into
+            return make_backend("hf", str(self.model_path), config.backend_precision, device=learner.device)
+        colocated = {"sleep_while_learning": True} if name == MAIN and vllm_shares_learner_gpu(config) else {}
+        return make_backend(config.backend, str(self.model_path), config.backend_precision, **colocated)
+
+    def _shared_base(self):
+        if self.shared_base is None:
+            from transformers import AutoModelForCausalLM
+
+            device = pick_device(self.config.device)
+            self.shared_base = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32).to(device)
+        return self.shared_base
+
+    def _exploiter_config(self):
+        learner, league = self.config.learner, self.config.league
+        # An exploiter's KL reference is the shared base under its adapters, which stays put. Each
+        # restart is a new learner whose lifetime the snapshot rule decides as it goes, so its
+        # rate does not decay with the run's: it warms up from each restart, then stays.
+        # Exploiters train in the trainer's process: the main player's learner alone is sharded.
+        return dataclasses.replace(
+            learner,
+            processes=1,
+            offload=False,
+            lr=learner.lr if league.exploiter_lr is None else league.exploiter_lr,
+            lr_schedule="constant",
+            kl_coef=learner.kl_coef if league.exploiter_kl_coef is None else league.exploiter_kl_coef,
+            lora=dataclasses.replace(learner.lora, rank=league.exploiter_lora_rank),
+            reference_update_every=0,
+        )
+
+    # -- snapshots -----------------------------------------------------------------------------
+
+    def freeze(self, learner: str, snapshot: str) -> str:
+        """Write a learning player's current weights as the snapshot `snapshot`; returns their
+        path relative to the run directory."""
+        path = RunDir(self.run_dir).snapshot(snapshot)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.players[learner].learner.export_weights(path)
+        return str(path.relative_to(self.run_dir))
+
+    def snapshot_weights(self, name: str) -> Path:
+        """The weights file of the league's snapshot `name`."""
+        weights = self.run_dir / self.league.players[name].weights
+        if not weights.exists():
+            raise UserError(
+                f"The weights of league player '{name}' are missing ({weights}). The run directory is "
+                "incomplete: restore the file, or start a new run."
+            )
+        return weights
+
+    def frozen_backend(self, name: str) -> PolicyBackend:
+        """The backend of a snapshot, loaded on first use. Snapshots generate with transformers
+        whatever the training backend: a vLLM engine per snapshot would each reserve its own
+        share of the GPU."""
+        if name not in self.frozen:
+            backend = make_backend(
+                "hf", str(self.model_path), self.config.backend_precision, device=self.config.device, frozen=True
+            )
+            backend.load_weights(self.snapshot_weights(name), version=self.league.players[name].created_step)
+            self.frozen[name] = backend
+        return self.frozen[name]
+
+    def retire(self, names: Sequence[str]) -> None:
+        """Unload retired snapshots from whatever generates with them."""
+        if self.workers is not None:
+            self.workers.retire(names)
+        for name in names:
+            backend = self.frozen.pop(name, None)
+            if backend is not None:
+                backend.close()
+
+    def snapshot_policy(self, name: str, game: str) -> dict:
+        """A snapshot's move probabilities in `game`, read as its backend plays (snapshots never change)."""
+        if name not in self.snapshot_policies:
+            backend = self.frozen_backend(name)
+            policy = move_probabilities(backend.model, backend.tokenizer, game, self.rollout_settings)
+            self.snapshot_policies[name] = policy
+        return self.snapshot_policies[name]
+
+    def exact_return(self, game: str, player: str, opponent: str) -> float:
+        """A past player's exact expected return against another in `game`, averaged over the seats."""
+        policies = [self.snapshot_policy(name, game) for name in (player, opponent)]
+        return float(expected_payoffs(game, policies)[0, 1])
+
+    # -- seating -------------------------------------------------------------------------------
+
+    def seat(self, matches: Sequence[MatchSpec]) -> dict:
+        """Engine players for every label seated in `matches`: learning players' and snapshots'
+        backends, and scripted agents by their specs."""
+        snapshots = {p.name for p in self.league.snapshots()}
+        seated = {}
+        for label in {label for match in matches for label in match.players}:
+            if label in self.players:
+                seated[label] = self.players[label].backend
+            elif label in snapshots:
+                seated[label] = self.frozen_backend(label)
+            else:
+                seated[label] = label
+        return seated
+
+    def closers(self) -> list[tuple[str, object]]:
+        """What releases what the roster holds, each step described: every backend, then every
+        sharded learner's processes."""
+        backends = [*((name, p.backend) for name, p in self.players.items()), *self.frozen.items()]
+        groups = [(name, p.learner) for name, p in self.players.items() if isinstance(p.learner, LearnerGroup)]
+        return [
+            *((f"closing {name}'s backend", backend.close) for name, backend in backends),
+            *((f"stopping {name}'s learner processes", learner.close) for name, learner in groups),
+        ]
