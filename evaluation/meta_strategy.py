@@ -2,7 +2,7 @@
 
 As in PSRO, the snapshots of a self-play league are the pure strategies of a meta-game whose
 payoffs are their results against each other; the meta-strategy is the mixture a meta-solver
-gives (`selfplay.league.meta_solvers`: a Nash equilibrium of that zero-sum matrix game by
+gives (`selfplay.evaluation.meta_solvers`: a Nash equilibrium of that zero-sum matrix game by
 default, or projected replicator dynamics, or alpha-rank). To ask whether the league as a whole
 is harder to exploit than its latest policy, the mixture (draw one snapshot per game, play it
 throughout) is turned into the equivalent behaviour policy, whose exact exploitability
@@ -19,7 +19,7 @@ import pyspiel
 from open_spiel.python.algorithms.expected_game_score import policy_value
 
 from selfplay.evaluation.exploitability import exploitability_of, tabular_policy
-from selfplay.league.meta_solvers import solve
+from selfplay.evaluation.meta_solvers import solve
 
 
 def mixture_probabilities(

@@ -46,12 +46,12 @@ from transformers.utils import logging as transformers_logging  # noqa: E402
 from selfplay.config import TrainConfig, load_config  # noqa: E402
 from selfplay.evaluation.evaluate import find_candidates  # noqa: E402
 from selfplay.evaluation.exploitability import exploitability_of, move_probabilities  # noqa: E402
+from selfplay.evaluation.meta_solvers import solve  # noqa: E402
 from selfplay.evaluation.meta_strategy import expected_payoffs, mixture_probabilities  # noqa: E402
 from selfplay.evaluation.training_curve import read_evaluations  # noqa: E402
 from selfplay.league.exploiter_log import read_stops  # noqa: E402
 from selfplay.league.matchmaking import MAIN, is_psro, psro_solver  # noqa: E402
 from selfplay.league.meta_game import solve_meta_game  # noqa: E402
-from selfplay.league.meta_solvers import solve  # noqa: E402
 from selfplay.league.payoff import PayoffTable  # noqa: E402
 from selfplay.league.records import LEARNING_KINDS  # noqa: E402
 from selfplay.league.standings import open_league  # noqa: E402

@@ -8,7 +8,7 @@ a pass, its call after a bet. Values, gradients and exploitability are exact clo
 gradient plus Gaussian noise as large as a sampled estimate's from the step's games, with a
 reach-weighted KL-like penalty (0.5) toward a reference reset to the policy every 80 steps, the
 learning rate decaying linearly over 480 steps. The meta-game between frozen policies is exact,
-solved by `selfplay.league.meta_solvers` as the league solves it. Variants:
+solved by `selfplay.evaluation.meta_solvers` as the league solves it. Variants:
 
 - SP: self-play, 512 games a step (its snapshots, every 40 steps, form a population too);
 - A: PSRO: the main player, 512 games a step, against the meta-Nash mixture of its snapshots,
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from selfplay.league.meta_solvers import solve
+from selfplay.evaluation.meta_solvers import solve
 
 CARDS = np.arange(3)
 SHOWDOWN = np.sign(CARDS[:, None] - CARDS[None, :]).astype(float)  # +1 where the first player's card is higher

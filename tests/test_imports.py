@@ -104,3 +104,15 @@ def test_a_loop_is_found_and_only_a_loop():
 def test_no_import_loops():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import loop: " + " -> ".join(cycle)
+
+
+def test_evaluation_never_imports_the_league():
+    """The league is built on evaluation's measures (exploitability, Elo, meta-solvers), never the
+    other way round."""
+    graph = import_graph()
+    in_league = [name for name in graph if name == "selfplay.league" or name.startswith("selfplay.league.")]
+    evaluation = {module: imported for module, imported in graph.items() if module.startswith("selfplay.evaluation")}
+    assert {module: sorted(imported & set(in_league)) for module, imported in evaluation.items()} == {
+        module: [] for module in evaluation
+    }
+    assert "selfplay.evaluation.meta_solvers" in graph["selfplay.league.meta_game"]

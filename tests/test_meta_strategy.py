@@ -10,8 +10,8 @@ from open_spiel.python.algorithms.expected_game_score import policy_value
 from open_spiel.python.algorithms.policy_aggregator import PolicyAggregator
 
 from selfplay.evaluation.exploitability import exploitability_of, tabular_policy
+from selfplay.evaluation.meta_solvers import SOLVERS, solve, zero_sum_nash
 from selfplay.evaluation.meta_strategy import mixture_probabilities
-from selfplay.league.meta_solvers import SOLVERS, solve, zero_sum_nash
 
 NAN = np.nan
 PASS, BET = 0, 1

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from selfplay.league.meta_solvers import SOLVERS
+from selfplay.evaluation.meta_solvers import SOLVERS
 from selfplay.rollouts import MatchSpec
 
 SELF = "self"

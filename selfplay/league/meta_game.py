@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from selfplay.league.meta_solvers import solve
+from selfplay.evaluation.meta_solvers import solve
 from selfplay.rollouts import MatchSpec
 
 

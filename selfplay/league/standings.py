@@ -244,7 +244,7 @@ def _csv(path: Path, rows: list[dict]) -> None:
             writer.writerows(rows)
 
 
-# How the report names each meta-solver (`selfplay.league.meta_solvers.SOLVERS`).
+# How the report names each meta-solver (`selfplay.evaluation.meta_solvers.SOLVERS`).
 SOLVER_NAMES = {"nash": "Nash", "prd": "projected replicator dynamics", "alpharank": "alpha-rank"}
 
 
