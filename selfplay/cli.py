@@ -438,8 +438,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as err:
         print("selfplay: error:", *str(err).splitlines(), file=sys.stderr)  # one line, however it was written
         return 2
-    except KeyboardInterrupt:  # Ctrl-C: the command cleaned up as it stopped, and says no more
-        print("selfplay: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as err:  # Ctrl-C: the command cleaned up as it stopped; a run says how to go on
+        print("selfplay: interrupted" + (f": {err}" if str(err) else ""), file=sys.stderr)
         return 130
 
 

@@ -279,6 +279,10 @@ def rollout_metrics(trajectories: Sequence[Trajectory], label: str = MAIN) -> di
     return metrics
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a training run; the message says where it stopped and how to go on."""
+
+
 class TrainingDiverged(RuntimeError):
     """A learner's update at some step was not finite: the run stops there, keeping its last good
     checkpoint. Not a `UserError`: no setting was refused, training failed, and its traceback is kept."""
@@ -485,6 +489,8 @@ class Trainer:
             return run_stopped_by(err, self.run_dir, self.step)
         if isinstance(err, (LearnerProcessDied, TrackerFailed)):
             return UserError(f"The run stopped at step {self.step}: {str(err).rstrip('.')}. {self._resume_hint()}")
+        if isinstance(err, KeyboardInterrupt):
+            return RunInterrupted(f"the run stopped at step {self.step}. {self._resume_hint()}")
         return err
 
     def close(self, failing: bool = False) -> None:

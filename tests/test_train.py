@@ -552,3 +552,17 @@ def test_without_an_error_of_the_runs_own_the_first_failed_cleanup_step_is_repor
     with pytest.raises(UserError, match="No space left on device.*The run stopped at step 3"):
         resume(run_copy, ["steps=3"])  # nothing to train: only the cleanup
     assert not RunDir(run_copy).lock_file.exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_names_where_the_run_stopped_and_the_command_that_resumes_it(run_copy, monkeypatch, capsys):
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "train_step", interrupted)
+    time.sleep(1.1)  # as `resume` does: the interrupted run's event file sorts after the first's
+    assert main(["train", "--resume", str(run_copy), "--no-progress", "steps=5"]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "selfplay: interrupted: the run stopped at step 4. Its last good checkpoint, step 3, is kept: continue "
+        f"from it with `selfplay train --resume {run_copy}`."
+    )
