@@ -24,6 +24,7 @@ import functools
 from collections.abc import Sequence
 
 import torch
+import xgrammar
 from transformers import LogitsProcessor
 
 from selfplay.games.answers import AnswerGrammar
@@ -33,8 +34,6 @@ from selfplay.games.answers import AnswerGrammar
 def grammar_text(grammar: AnswerGrammar) -> str:
     """`grammar` as xgrammar's EBNF: what turns record, the vLLM engine is sent and the learner
     replays (a regular expression is converted by xgrammar itself)."""
-    import xgrammar
-
     if grammar.ebnf:
         return str(xgrammar.Grammar.from_ebnf(grammar.ebnf))
     return str(xgrammar.Grammar.from_regex(grammar.regex))
@@ -47,8 +46,6 @@ class Grammars:
     stop tokens a finished answer may end with are `stop_ids`, the ones the backends stop at."""
 
     def __init__(self, tokenizer, vocab_size: int, stop_ids: Sequence[int]):
-        import xgrammar
-
         self.vocab_size = vocab_size
         self.stop_ids = sorted(stop_ids)
         info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
@@ -56,13 +53,9 @@ class Grammars:
 
     def matcher(self, grammar: str):
         """A fresh xgrammar matcher of `grammar` (EBNF, as `grammar_text` writes it)."""
-        import xgrammar
-
         return xgrammar.GrammarMatcher(self.compiler.compile_grammar(grammar), override_stop_tokens=self.stop_ids)
 
     def bitmask(self, rows: int) -> torch.Tensor:
-        import xgrammar
-
         return xgrammar.allocate_token_bitmask(rows, self.vocab_size)
 
     def mask(self, responses: Sequence[Sequence[int]], grammars: Sequence[str]) -> torch.Tensor:
@@ -108,8 +101,6 @@ class GrammarLogitsProcessor(LogitsProcessor):
         self.started = False
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        import xgrammar
-
         if self.started:  # the token each row was given last step
             for matcher, token in zip(self.matchers, input_ids[:, -1].tolist()):
                 if not matcher.is_terminated() and not matcher.accept_token(token):
