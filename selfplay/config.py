@@ -248,6 +248,9 @@ class LeagueConfig:
     snapshot_min_games: NonNegative = 8.0  # decayed games against a player before that win rate counts
     snapshot_max_steps: int = 50  # a snapshot at least this often; 0 for no cap
     population_cap: int = 32  # active snapshots at most; 0 for no cap
+    # A LoRA learner's snapshots are adapters, served over the main learner's model: at most this
+    # many held in memory at once (the least recently used unloaded, and loaded again when next met).
+    resident_adapters: AtLeastOne = 8
     payoff_decay: Fraction = 0.99  # per result between two players (AlphaStar's decayed counts)
     # psro:SOLVER rules: where the meta-game's payoffs come from (selfplay/league/meta_game.py).
     # games: each pair of past players plays psro_min_games games (evaluation games, trained on by

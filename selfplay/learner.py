@@ -39,10 +39,15 @@ from selfplay import training_state
 from selfplay.backends.base import save_weights, stop_ids
 from selfplay.config import LearnerConfig
 from selfplay.errors import UserError
+from selfplay.files import published_directory
 from selfplay.legal_decoding import Choices, allowed_mask
 from selfplay.scoring import autocast, pick_device, response_logprobs_and_entropy, vocab_size
 from selfplay.sharding import Shards, full_tensors, local_bytes, save_streamed, shard_model
 from selfplay.structured_decoding import Grammars
+
+# The name of a LoRA learner's own adapter in its peft model (peft's default): the one it trains,
+# saves and merges. Other adapters may sit beside it (league snapshots served over its base).
+TRAINED_ADAPTER = "default"
 
 
 class NonFiniteUpdate(RuntimeError):
@@ -381,9 +386,9 @@ class Learner:
             base = self.model.get_base_model()
             with torch.no_grad():
                 deltas = {
-                    f"{name}.weight": module.get_delta_weight(module.active_adapters[0])
+                    f"{name}.weight": module.get_delta_weight(TRAINED_ADAPTER)
                     for name, module in base.named_modules()
-                    if isinstance(module, LoraLayer)
+                    if isinstance(module, LoraLayer) and TRAINED_ADAPTER in module.lora_A
                 }
                 state = {}
                 for name, tensor in base.state_dict().items():
@@ -416,6 +421,15 @@ class Learner:
         """Write the policy's weights for `PolicyBackend.load_weights` (see `backend_weights`)."""
         return save_weights(self.backend_weights(dtype), path)
 
+    def export_adapter(self, directory: Path) -> Path:
+        """Write a LoRA learner's trained adapter alone, in peft's format (adapter_config.json and
+        adapter_model.safetensors), into the new or empty `directory`, whole or not at all
+        (`published_directory`): what its initial model needs to become its policy."""
+        with published_directory(directory, "the adapter") as scratch:
+            self.model.save_pretrained(scratch, selected_adapters=[TRAINED_ADAPTER])
+            (scratch / "README.md").unlink(missing_ok=True)  # peft's model card, a template to fill in
+        return Path(directory)
+
     def save_pretrained(self, directory: Path) -> None:
         """A Hugging Face model directory (safetensors) of the policy, LoRA merged in; with LoRA
         the adapter itself goes to `adapter/` beside it, for resuming."""
@@ -436,7 +450,7 @@ class Learner:
             save_weights(self.policy_state_dict(), directory / "model.safetensors")
         self.tokenizer.save_pretrained(directory)
         if self.lora:
-            self.model.save_pretrained(directory / "adapter")
+            self.model.save_pretrained(directory / "adapter", selected_adapters=[TRAINED_ADAPTER])
 
 
 def scheduled_lr(config: LearnerConfig, step: int, total_steps: int) -> float:

@@ -10,7 +10,8 @@ A model spec is any of:
 - a run directory: its newest whole checkpoint;
 - a league player, `RUN_DIR@PLAYER`, named as `selfplay league show` names it: a snapshot
   (`runs/league@main@000004`: its bare weights file, `RunDir.snapshot`, loaded over the run's
-  model configuration and tokenizer; the file's own path names it too), or a learning player
+  model configuration and tokenizer, or a LoRA learner's adapter, `RunDir.adapter_snapshot`,
+  merged into the run's initial model; the file's or directory's own path names it too), or a learning player
   (`runs/league@main`, `runs/league@main_exploiter_0`): its part of the run's newest checkpoint.
 
 A model from a run keeps how its run asked and sampled it (its config's `rollout` section):
@@ -50,7 +51,7 @@ from selfplay.default_model import (
 from selfplay.errors import UserError
 from selfplay.files import WriteError, file_sha256, published_directory
 from selfplay.rollouts import RolloutSettings
-from selfplay.run_dir import RunDir
+from selfplay.run_dir import RunDir, is_adapter
 
 # How a model is asked and sampled: the settings of its run's `rollout` section that a model
 # keeps. The rest (a game's turn cap, its invalid-move rules) bind every player of a game alike.
@@ -58,6 +59,7 @@ STYLE_SETTINGS = ("decoding", "prompt", "observation_mode", "temperature", "top_
 SAMPLING_STYLE = ("decoding", "temperature", "top_p", "max_new_tokens")  # those of `RolloutSettings.sampling`
 PROMPT_STYLE = ("prompt", "observation_mode")
 PLAYER_SEPARATOR = "@"  # RUN_DIR@PLAYER
+ADAPTER_WEIGHTS = "adapter_model.safetensors"  # an adapter directory's tensors, as peft saves them
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,9 @@ class ModelSpec:
     name: str  # how reports and messages name it
     model: str  # a loadable model directory or hub name: configuration, tokenizer, and weights unless `weights`
     step: int | None = None  # the training step of a checkpoint or snapshot
-    weights: str | None = None  # a league snapshot's weights file, loaded over `model`'s
+    # A league snapshot's weights file, loaded over `model`'s; or a LoRA snapshot's adapter
+    # directory, merged into `model` (then the run's initial model).
+    weights: str | None = None
     trained_with: RolloutConfig | None = None  # its run's `rollout` section, or its directory's record of one
 
     def played_with(self, rollout: RolloutSettings, fixed: Collection[str] = ()) -> RolloutSettings:
@@ -89,7 +93,13 @@ class ModelSpec:
             raise UserError(
                 f"Cannot load the model '{self.name}': {' '.join(str(err).split())}. Give {MODEL_SPECS_HELP}."
             ) from None
-        if self.weights is not None:
+        if self.weights is None:
+            return policy
+        if is_adapter(self.weights):
+            from selfplay.backends.hf_backend import merged_adapter_weights
+
+            policy.load_state(merged_adapter_weights(self.model, Path(self.weights)), version=self.step or 0)
+        else:
             policy.load_weights(Path(self.weights), version=self.step or 0)
         return policy
 
@@ -102,9 +112,19 @@ class ModelSpec:
 
         dtype = "auto" if own_precision else torch.float32
         model = AutoModelForCausalLM.from_pretrained(self.model, dtype=dtype).eval()
-        if self.weights is not None:
+        if self.weights is not None and is_adapter(self.weights):
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, self.weights).merge_and_unload()
+        elif self.weights is not None:
             load_model(model, self.weights)
         return model, AutoTokenizer.from_pretrained(self.model)
+
+    def weights_file(self) -> Path | None:
+        """The file holding the weights `weights` names: the file itself, or an adapter's tensors."""
+        if self.weights is None:
+            return None
+        return Path(self.weights) / ADAPTER_WEIGHTS if is_adapter(self.weights) else Path(self.weights)
 
 
 def style_of(settings: RolloutSettings) -> dict:
@@ -119,7 +139,7 @@ def model_spec(spec: str) -> ModelSpec:
     player = _league_player(spec)
     if player is not None:
         return player
-    if path.suffix == ".safetensors":
+    if path.suffix == ".safetensors" or is_adapter(path):
         return _snapshot_file(path)
     if (path / STATE_FILE).is_file():
         return checkpoint_model(path)
@@ -204,19 +224,23 @@ def league_player(run: RunDir, name: str) -> ModelSpec:
 
 def _snapshot_file(path: Path) -> ModelSpec:
     run = RunDir.of_snapshot(path)
-    _, _, step = path.stem.rpartition(PLAYER_SEPARATOR)
-    if run is None or not path.is_file() or not run.config.is_file() or not step.isdigit():
+    name = path.name if is_adapter(path) else path.stem
+    _, _, step = name.rpartition(PLAYER_SEPARATOR)
+    if run is None or not path.exists() or not run.config.is_file() or not step.isdigit():
         layout = RunDir("RUN_DIR")
         raise UserError(
-            f"'{path}' is not a league snapshot: expected an existing {layout.snapshot('PLAYER@STEP')} "
-            f"inside a run directory with its {layout.config.name}, or name the player as RUN_DIR@PLAYER."
+            f"'{path}' is not a league snapshot: expected an existing {layout.snapshot('PLAYER@STEP')} (or adapter "
+            f"directory {layout.adapter_snapshot('PLAYER@STEP')}) inside a run directory with its "
+            f"{layout.config.name}, or name the player as RUN_DIR@PLAYER."
         )
-    return _snapshot(run, path.stem, path, int(step))
+    return _snapshot(run, name, path, int(step))
 
 
 def _snapshot(run: RunDir, name: str, weights: Path, step: int) -> ModelSpec:
+    adapter = is_adapter(weights)
     try:
-        with safe_open(str(weights), framework="pt"):  # checks the file holds every tensor its header lists
+        # Checks the file holds every tensor its header lists.
+        with safe_open(str(weights / ADAPTER_WEIGHTS if adapter else weights), framework="pt"):
             pass
     except READ_ERRORS as err:
         raise UserError(
@@ -224,8 +248,12 @@ def _snapshot(run: RunDir, name: str, weights: Path, step: int) -> ModelSpec:
             "from a copy, or give another player."
         ) from None
     config = load_config(run.config)
-    # The run's checkpoints carry the model's configuration and tokenizer as the run used them.
-    model = str(latest_checkpoint(run.path)) if list_checkpoints(run.path) else model_directory(config.model)
+    # The run's checkpoints carry the model's configuration and tokenizer as the run used them; an
+    # adapter applies to the run's initial model, which a LoRA run's checkpoints hold merged with its own.
+    if list_checkpoints(run.path) and not adapter:
+        model = str(latest_checkpoint(run.path))
+    else:
+        model = model_directory(config.model)
     return ModelSpec(name, model, step, str(weights), trained_with=config.rollout)
 
 
@@ -253,7 +281,7 @@ def model_directory(spec: str) -> str:
     model = model_spec(spec)
     if model.weights is None:
         return model.model
-    return str(converted_once(Path(model.weights), "snapshots", lambda path: _write_model(model, path)))
+    return str(converted_once(model.weights_file(), "snapshots", lambda path: _write_model(model, path)))
 
 
 def export(model: ModelSpec, out_dir: str | Path) -> Path:
@@ -285,7 +313,7 @@ def _save_model(model: ModelSpec, directory: Path) -> None:
     network, tokenizer = model.network(own_precision=True)
     record = {"source": model.name, "step": model.step}
     if model.weights is not None:
-        record["source_sha256"] = file_sha256(Path(model.weights))
+        record["source_sha256"] = file_sha256(model.weights_file())
     if model.trained_with is not None:
         record["rollout"] = asdict(model.trained_with)
     network.save_pretrained(directory)

@@ -2,15 +2,19 @@
 
 A run seats its learning players (the main player and the league's exploiters: each a learner
 and the backend serving its weights), the league's frozen snapshots (each served by a
-transformers backend from its weights file, loaded when first matched) and scripted agents (seated
-by their specs). The `Roster` owns the first two, answers which backend or agent spec plays each
-label of a step's matches, and reads snapshots' exact move probabilities for the league's exact
-payoffs. The trainer (`selfplay.train`) keeps the loop and asks it.
+transformers backend, loaded when first matched) and scripted agents (seated by their specs).
+A LoRA learner's snapshot is its adapter alone, served over the main LoRA learner's own model
+(`AdapterPool`: one base for every past player, a bounded number of adapters in memory); a
+full learner's snapshot is its whole weights, served by a copy of the model of its own. The
+`Roster` owns the first two, answers which backend or agent spec plays each label of a step's
+matches, and reads snapshots' exact move probabilities for the league's exact payoffs. The
+trainer (`selfplay.train`) keeps the loop and asks it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +24,7 @@ import torch
 
 from selfplay.backends import PRECISIONS, PolicyBackend, make_backend
 from selfplay.backends.base import checked_weights
+from selfplay.backends.hf_backend import AdapterPool, PooledAdapter, merged_adapter_weights
 from selfplay.config import TrainConfig
 from selfplay.distributed.learner_group import LearnerGroup
 from selfplay.errors import UserError
@@ -28,7 +33,7 @@ from selfplay.evaluation.meta_strategy import expected_payoffs
 from selfplay.league.matchmaking import MAIN
 from selfplay.learner import Learner
 from selfplay.rollouts import MatchSpec, RolloutSettings
-from selfplay.run_dir import RunDir
+from selfplay.run_dir import RunDir, is_adapter
 from selfplay.scoring import pick_device
 
 if TYPE_CHECKING:
@@ -84,6 +89,7 @@ class Roster:
         self.frozen: dict[str, PolicyBackend] = {}  # snapshots' backends, loaded when first matched
         self.snapshot_policies: dict[str, dict] = {}  # snapshots' move probabilities, once exact payoffs ask
         self.shared_base = None  # the initial model under the exploiters' adapters, once needed
+        self.adapters: AdapterPool | None = None  # adapter snapshots over the main learner's model, once served
 
     # -- learning players ----------------------------------------------------------------------
 
@@ -185,15 +191,25 @@ class Roster:
     # -- snapshots -----------------------------------------------------------------------------
 
     def freeze(self, learner: str, snapshot: str) -> str:
-        """Write a learning player's current weights as the snapshot `snapshot`; returns their
-        path relative to the run directory."""
-        path = RunDir(self.run_dir).snapshot(snapshot)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.players[learner].learner.export_weights(path)
+        """Write a learning player's current policy as the snapshot `snapshot`; returns its path
+        relative to the run directory. A one-process LoRA learner's is its adapter alone (over
+        the run's initial model), unless rollout workers play the games: they load whole weights."""
+        player = self.players[learner].learner
+        files = RunDir(self.run_dir)
+        if self.workers is None and isinstance(player, Learner) and player.lora:
+            path = files.adapter_snapshot(snapshot)
+            # Left by a run that stopped before recording this step, which its resume replays: no
+            # league record names it.
+            shutil.rmtree(path, ignore_errors=True)
+            player.export_adapter(path)
+        else:
+            path = files.snapshot(snapshot)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            player.export_weights(path)
         return str(path.relative_to(self.run_dir))
 
     def snapshot_weights(self, name: str) -> Path:
-        """The weights file of the league's snapshot `name`."""
+        """The weights of the league's snapshot `name`: a safetensors file, or an adapter directory."""
         weights = self.run_dir / self.league.players[name].weights
         if not weights.exists():
             raise UserError(
@@ -205,14 +221,42 @@ class Roster:
     def frozen_backend(self, name: str) -> PolicyBackend:
         """The backend of a snapshot, loaded on first use. Snapshots generate with transformers
         whatever the training backend: a vLLM engine per snapshot would each reserve its own
-        share of the GPU."""
+        share of the GPU. An adapter snapshot generates through the main LoRA learner's model
+        (`AdapterPool`); without one to lend, through a copy of the model with the adapter merged."""
         if name not in self.frozen:
-            backend = make_backend(
-                "hf", str(self.model_path), self.config.backend_precision, device=self.config.device, frozen=True
-            )
-            backend.load_weights(self.snapshot_weights(name), version=self.league.players[name].created_step)
+            weights = self.snapshot_weights(name)
+            version = self.league.players[name].created_step
+            pool = self._adapter_pool() if is_adapter(weights) else None
+            if pool is not None:
+                backend = make_backend(
+                    "hf",
+                    str(self.model_path),
+                    device=self.players[MAIN].learner.device,
+                    model=pool.model,
+                    frozen=True,
+                    adapter=PooledAdapter(pool, name, weights),
+                )
+                backend.version = version
+            else:
+                backend = make_backend(
+                    "hf", str(self.model_path), self.config.backend_precision, device=self.config.device, frozen=True
+                )
+                if is_adapter(weights):
+                    backend.load_state(merged_adapter_weights(self.model_path, weights), version)
+                else:
+                    backend.load_weights(weights, version=version)
             self.frozen[name] = backend
         return self.frozen[name]
+
+    def _adapter_pool(self) -> AdapterPool | None:
+        """The pool of adapter snapshots over the main learner's model; None where the main
+        player is no one-process LoRA learner, whose frozen base is the snapshots' initial model."""
+        main = self.players[MAIN].learner
+        if not (isinstance(main, Learner) and main.lora):
+            return None
+        if self.adapters is None:
+            self.adapters = AdapterPool(main.model, self.config.league.resident_adapters)
+        return self.adapters
 
     def retire(self, names: Sequence[str]) -> None:
         """Unload retired snapshots from whatever generates with them."""
@@ -222,12 +266,15 @@ class Roster:
             backend = self.frozen.pop(name, None)
             if backend is not None:
                 backend.close()
+            if self.adapters is not None:
+                self.adapters.unload(name)
 
     def snapshot_policy(self, name: str, game: str) -> dict:
         """A snapshot's move probabilities in `game`, read as its backend plays (snapshots never change)."""
         if name not in self.snapshot_policies:
             backend = self.frozen_backend(name)
-            policy = move_probabilities(backend.model, backend.tokenizer, game, self.rollout_settings)
+            with backend.serving() as model:
+                policy = move_probabilities(model, backend.tokenizer, game, self.rollout_settings)
             self.snapshot_policies[name] = policy
         return self.snapshot_policies[name]
 

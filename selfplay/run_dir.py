@@ -8,6 +8,7 @@ for each part of selfplay that writes or reads it.
       checkpoints/step-NNNNNN/                   the checkpoints (their contents: `selfplay.checkpoint`)
       league.sqlite                              the league's store, beside SQLite's -wal and -shm files
       league/snapshots/PLAYER@STEP.safetensors   the weights of the league's frozen snapshots
+      league/snapshots/PLAYER@STEP/              a LoRA learner's snapshot: its adapter alone, in peft's format
       tensorboard/                               the metrics
       wandb/                                     Weights & Biases' files, with `logging.wandb` (`selfplay.tracking`)
       trackers.json                              the W&B and MLflow runs' ids, which a resumed run logs to again
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from selfplay.errors import UserError
+
+ADAPTER_CONFIG = "adapter_config.json"  # what marks a directory as a peft adapter
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,10 @@ class RunDir:
         """The weights of the league snapshot `name`."""
         return self.path / "league" / "snapshots" / f"{name}.safetensors"
 
+    def adapter_snapshot(self, name: str) -> Path:
+        """The adapter directory of the league snapshot `name` of a LoRA learner."""
+        return self.path / "league" / "snapshots" / name
+
     @property
     def tensorboard(self) -> Path:
         return self.path / "tensorboard"
@@ -101,12 +108,18 @@ class RunDir:
 
     @classmethod
     def of_snapshot(cls, weights: str | Path) -> RunDir | None:
-        """The run directory in whose layout `weights` is a snapshot's file; None if in none."""
+        """The run directory in whose layout `weights` is a snapshot's file (or adapter
+        directory); None if in none."""
         weights = Path(weights)
         for path in weights.parents:
-            if cls(path).snapshot(weights.stem) == weights:
+            if weights in (cls(path).snapshot(weights.stem), cls(path).adapter_snapshot(weights.name)):
                 return cls(path)
         return None
+
+
+def is_adapter(path: str | Path) -> bool:
+    """Whether `path` is a LoRA adapter directory as peft saves it (a LoRA learner's snapshot)."""
+    return (Path(path) / ADAPTER_CONFIG).is_file()
 
 
 class RunLock:

@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from selfplay.backends.hf_backend import merged_adapter_weights
 from selfplay.cli import main
 from selfplay.config import load_config
 from selfplay.errors import UserError
@@ -69,7 +70,7 @@ def test_a_run_names_its_newest_checkpoint_with_the_settings_it_was_trained_with
         8,
         5,
     )
-    assert model_spec(str(run / "league" / "snapshots" / "main@000001.safetensors")).trained_with == newest.trained_with
+    assert model_spec(str(RunDir(run).adapter_snapshot("main@000001"))).trained_with == newest.trained_with
 
 
 def test_the_default_model_is_asked_as_it_learned_unless_an_option_says_otherwise():
@@ -82,15 +83,18 @@ def test_the_default_model_is_asked_as_it_learned_unless_an_option_says_otherwis
     assert (asked_free.sampling.decoding, asked_free.prompt) == ("free", "full")
 
 
-def test_league_players_are_models_by_their_league_names(run):
+def test_league_players_are_models_by_their_league_names(run, tiny_model_dir):
     snapshot = model_spec(f"{run}@main@000001")
-    weights = str(RunDir(run).snapshot("main@000001"))
-    assert (snapshot.name, snapshot.step, snapshot.weights) == ("main@000001", 1, weights)
-    assert model_spec(str(RunDir(run).snapshot("main@000001"))) == snapshot
-    assert snapshot.model == model_spec(str(run)).model  # the run's configuration and tokenizer
+    adapter = RunDir(run).adapter_snapshot("main@000001")  # a LoRA learner's snapshot: its adapter
+    assert (snapshot.name, snapshot.step, snapshot.weights) == ("main@000001", 1, str(adapter))
+    assert model_spec(str(adapter)) == snapshot
+    assert snapshot.model == str(tiny_model_dir)  # the run's initial model, which the adapter applies to
     served = snapshot.policy()
     assert served.version == 1
-    assert all(torch.equal(served.model.state_dict()[k], v) for k, v in load_file(snapshot.weights).items())
+    merged = merged_adapter_weights(tiny_model_dir, adapter)
+    assert all(torch.equal(served.model.state_dict()[k], v) for k, v in merged.items())
+    network, _ = snapshot.network()
+    assert all(torch.equal(network.state_dict()[k], v) for k, v in merged.items())
     served.close()
     assert model_spec(f"{run}@main") == model_spec(str(run))
     exploiter = model_spec(f"{run}@main_exploiter_0")
@@ -117,8 +121,8 @@ def test_a_damaged_checkpoint_or_snapshot_and_a_run_without_a_league_are_refused
     weights.write_bytes(weights.read_bytes()[:1000])
     with pytest.raises(UserError, match="step-000001' is damaged \\(model.safetensors is unreadable"):
         model_spec(str(copy.checkpoints / "step-000001"))
-    snapshot = copy.snapshot("main@000001")
-    snapshot.write_bytes(snapshot.read_bytes()[:1000])
+    snapshot = copy.adapter_snapshot("main@000001") / "adapter_model.safetensors"
+    snapshot.write_bytes(snapshot.read_bytes()[:100])
     with pytest.raises(UserError, match="weights of league player 'main@000001' .* are missing or damaged"):
         model_spec(f"{copy.path}@main@000001")
     copy.league_store.unlink()
@@ -210,7 +214,7 @@ def test_export_writes_any_spec_as_a_standalone_model_directory(run, tiny_model_
     for index, (spec, weights) in enumerate(
         [
             (str(run), checkpoint / "model.safetensors"),  # LoRA adapters, merged in
-            (f"{run}@main@000001", RunDir(run).snapshot("main@000001")),
+            (f"{run}@main@000001", None),  # an adapter, merged into the initial model
             (f"{run}@main_exploiter_0", checkpoint / "exploiters" / "main_exploiter_0" / "model.safetensors"),
         ]
     ):
@@ -218,7 +222,11 @@ def test_export_writes_any_spec_as_a_standalone_model_directory(run, tiny_model_
         assert main(["export", spec, str(out)]) == 0
         assert f"Wrote {model_spec(spec).name} to {out}" in capsys.readouterr().out
         exported = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).state_dict()
-        assert all(torch.equal(exported[name], tensor) for name, tensor in load_file(str(weights)).items())
+        if weights is None:
+            tensors = merged_adapter_weights(tiny_model_dir, RunDir(run).adapter_snapshot("main@000001"))
+        else:
+            tensors = load_file(str(weights))
+        assert all(torch.equal(exported[name], tensor) for name, tensor in tensors.items())
         assert not (out / "adapter").exists()
         # Played as the run was: the export records how.
         assert model_spec(str(out)).trained_with == model_spec(str(run)).trained_with
@@ -231,11 +239,11 @@ def test_export_writes_any_spec_as_a_standalone_model_directory(run, tiny_model_
     assert "already exists and is not an empty directory" in capsys.readouterr().err
 
 
-def test_training_starts_from_a_league_player_exported_once(run, tmp_path, monkeypatch):
+def test_training_starts_from_a_league_player_exported_once(run, tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("SELFPLAY_HOME", str(tmp_path))
     directory = model_directory(f"{run}@main@000001")
     assert directory.startswith(str(tmp_path / "models" / "snapshots"))
-    weights = load_file(str(RunDir(run).snapshot("main@000001")))
+    weights = merged_adapter_weights(tiny_model_dir, RunDir(run).adapter_snapshot("main@000001"))
     loaded = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).state_dict()
     assert all(torch.equal(loaded[name], tensor) for name, tensor in weights.items())
     monkeypatch.setattr("selfplay.model_specs._write_model", lambda *args: pytest.fail("exported again"))

@@ -3,11 +3,13 @@ beyond transformers, and the reference the vLLM backend is checked against."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -73,6 +75,89 @@ def prefix_batches(prompts: list[list[int]], max_size: int) -> list[list[int]]:
     return shared + length_batches((g[0] for g in groups if len(g) == 1), prompts, max_size)
 
 
+class AdapterPool:
+    """LoRA adapters saved by peft (league snapshots), served over one peft model's frozen base
+    (a LoRA learner's own model): no copy of the model per adapter. Each is loaded beside the
+    model's own adapters when first selected, at most `capacity` at once: the least recently
+    used is unloaded (peft's `delete_adapter`) and loaded again from its directory when next
+    selected. Selecting one never switches the model's active adapter, never makes a loaded
+    adapter trainable, and leaves the model in the mode it was in."""
+
+    def __init__(self, model: torch.nn.Module, capacity: int):
+        self.model = model
+        self.capacity = capacity
+        self.resident: OrderedDict[str, None] = OrderedDict()  # least recently used first
+
+    @contextlib.contextmanager
+    def selected(self, name: str, directory: Path) -> Iterator[None]:
+        """While the block runs, every LoRA layer of the model computes each row of every call
+        with the adapter `name` (saved in `directory`) alone, through peft's mixed-batch path
+        (its `adapter_names`). Given to each layer, sized to the rows of each call, so that it
+        holds whatever runs the model: `generate`, a forward pass, or the decoder alone with a
+        prefix run once and then repeated over the batch."""
+        from peft.tuners.lora import LoraLayer
+
+        self._load(name, directory)
+
+        def rows_with_adapter(_module, args, kwargs):
+            rows = len(args[0] if args else kwargs["x"])
+            return args, {**kwargs, "adapter_names": [name] * rows}
+
+        handles = [
+            layer.register_forward_pre_hook(rows_with_adapter, with_kwargs=True)
+            for layer in self.model.modules()
+            if isinstance(layer, LoraLayer)
+        ]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _load(self, name: str, directory: Path) -> None:
+        if name in self.resident:
+            self.resident.move_to_end(name)
+            return
+        while len(self.resident) >= self.capacity:
+            self.unload(next(iter(self.resident)))
+        training = self.model.training  # load_adapter leaves the model in eval mode
+        device = str(next(self.model.parameters()).device)
+        self.model.load_adapter(str(directory), adapter_name=name, torch_device=device)
+        self.model.train(training)
+        self.resident[name] = None
+
+    def unload(self, name: str) -> None:
+        """Free the adapter `name`'s weights, if resident."""
+        if self.resident.pop(name, False) is not False:
+            self.model.delete_adapter(name)
+
+
+@dataclass(frozen=True)
+class PooledAdapter:
+    """The adapter `name`, saved in `directory`, served by `pool`."""
+
+    pool: AdapterPool
+    name: str
+    directory: Path
+
+    def selected(self):
+        return self.pool.selected(self.name, self.directory)
+
+
+def merged_adapter_weights(base: str | Path, adapter: Path) -> dict[str, torch.Tensor]:
+    """The weights of the model at `base` with the peft adapter saved in `adapter` merged in, in
+    float32 under the base model's names (a tied output layer left to the embedding's name): what
+    `PolicyBackend.load_state` takes."""
+    from peft import PeftModel
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    state = merged.state_dict()
+    if getattr(merged.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    return state
+
+
 class HFBackend(PolicyBackend):
     """Batched sampling with `model.generate`; prompts are sorted by length and left-padded.
 
@@ -83,6 +168,9 @@ class HFBackend(PolicyBackend):
     A `frozen` backend (a league snapshot, whose weights change only when it loads others)
     meets the same game states step after step: under legal decoding it keeps the model's final
     hidden state after each context it has run, and runs only contexts it has not seen.
+
+    With `adapter`, the backend serves that LoRA adapter over `model`, the peft model its pool
+    holds adapters in (a league snapshot of a LoRA learner, over the learner's own model).
     """
 
     def __init__(
@@ -94,6 +182,7 @@ class HFBackend(PolicyBackend):
         max_batch_size: int = 256,
         model: torch.nn.Module | None = None,
         frozen: bool = False,
+        adapter: PooledAdapter | None = None,
     ):
         self.model_path = model_path
         self.device = pick_device(device)
@@ -107,6 +196,20 @@ class HFBackend(PolicyBackend):
         self.max_batch_size = max_batch_size
         self.version = 0
         self.states: OrderedDict[bytes, torch.Tensor] | None = OrderedDict() if frozen else None
+        self.adapter = adapter
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[torch.nn.Module]:
+        """The model as this backend generates with it (its adapter selected), in eval mode and
+        without gradients while the block runs: what probes of the policy read. A learner's
+        model goes back to training mode after."""
+        training = self.model.training
+        self.model.eval()
+        try:
+            with self.adapter.selected() if self.adapter is not None else contextlib.nullcontext(), torch.no_grad():
+                yield self.model
+        finally:
+            self.model.train(training)
 
     @functools.cached_property
     def grammars(self) -> Grammars:
@@ -125,27 +228,22 @@ class HFBackend(PolicyBackend):
         # Sampling draws from torch's global generator; fork it so a seed here never
         # disturbs (or is disturbed by) the caller's random state.
         devices = [self.device] if self.device.startswith("cuda") else []
-        training = self.model.training  # a shared learner's model goes back to training mode after
-        self.model.eval()
-        try:
-            with torch.random.fork_rng(devices=devices):
-                torch.manual_seed(sampling.seed)
-                # Free and structured sampling run a shared prefix once; legal decoding runs whole contexts.
+        with self.serving(), torch.random.fork_rng(devices=devices):
+            torch.manual_seed(sampling.seed)
+            # Free and structured sampling run a shared prefix once; legal decoding runs whole contexts.
+            if choices is None:
+                chunks = prefix_batches(prompts, self.max_batch_size)
+            else:
+                chunks = length_batches(range(len(prompts)), prompts, self.max_batch_size)
+            for chunk in chunks:
+                batch = [prompts[i] for i in chunk]
                 if choices is None:
-                    chunks = prefix_batches(prompts, self.max_batch_size)
+                    row_grammars = None if grammars is None else [grammars[i] for i in chunk]
+                    generations = self._generate_batch(batch, sampling, row_grammars)
                 else:
-                    chunks = length_batches(range(len(prompts)), prompts, self.max_batch_size)
-                for chunk in chunks:
-                    batch = [prompts[i] for i in chunk]
-                    if choices is None:
-                        row_grammars = None if grammars is None else [grammars[i] for i in chunk]
-                        generations = self._generate_batch(batch, sampling, row_grammars)
-                    else:
-                        generations = self._generate_legal(batch, [choices[i] for i in chunk], sampling)
-                    for i, generation in zip(chunk, generations):
-                        results[i] = generation
-        finally:
-            self.model.train(training)
+                    generations = self._generate_legal(batch, [choices[i] for i in chunk], sampling)
+                for i, generation in zip(chunk, generations):
+                    results[i] = generation
         return results
 
     def _generate_batch(

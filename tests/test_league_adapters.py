@@ -1,0 +1,161 @@
+"""A LoRA learner's league snapshots: each is its adapter on disk, served over the main learner's
+own model (peft's mixed-batch path, a bounded number of adapters resident), playing and probed
+exactly as the same weights merged into a whole model (`eval` and `play` load them merged:
+tests/test_model_specs.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from selfplay.backends import SamplingSettings
+from selfplay.backends.hf_backend import (
+    MIN_SHARED_PREFIX,
+    AdapterPool,
+    HFBackend,
+    PooledAdapter,
+    common_prefix_length,
+    merged_adapter_weights,
+)
+from selfplay.config import LearnerConfig, LoraConfig, load_config
+from selfplay.default_model import resolve_model
+from selfplay.evaluation.exploitability import move_probabilities
+from selfplay.league.matchmaking import MAIN
+from selfplay.learner import TRAINED_ADAPTER, Learner, Sample
+from selfplay.legal_decoding import allowed_mask
+from selfplay.model_specs import model_spec
+from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
+from selfplay.run_dir import is_adapter
+from selfplay.scoring import response_logprobs, vocab_size
+from selfplay.train import Trainer
+
+LORA = LearnerConfig(lr=1e-2, lora=LoraConfig(rank=4, alpha=8.0))
+SNAPSHOTS = ["main@000000", "main@000001", "main@000002"]
+
+
+def _trained(learner: Learner, seed: int) -> Learner:
+    """`learner` with its adapter moved away from zero, as training would move it."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in learner.model.named_parameters():
+            if "lora_B" in name and f".{TRAINED_ADAPTER}." in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.05)
+    return learner
+
+
+def _merged_backend(base, adapter) -> HFBackend:
+    backend = HFBackend(str(base))
+    backend.load_state(merged_adapter_weights(base, adapter), version=0)
+    return backend
+
+
+def test_a_snapshot_served_as_an_adapter_has_the_merged_models_exact_move_probabilities(tmp_path):
+    base = resolve_model("default")
+    main = Learner(base, LORA, seed=0)
+    past = _trained(Learner(base, LORA, seed=1), seed=1)
+    adapter = past.export_adapter(tmp_path / "main@000001")
+    assert is_adapter(adapter)
+    assert sorted(p.name for p in adapter.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    merged = past.policy_state_dict()
+    assert all(torch.allclose(t, merged[n], atol=1e-6) for n, t in merged_adapter_weights(base, adapter).items())
+
+    pooled = PooledAdapter(AdapterPool(main.model, capacity=1), "main@000001", adapter)
+    served = HFBackend(base, model=main.model, frozen=True, adapter=pooled)
+    whole = HFBackend(base, frozen=True)
+    whole.load_state(merged, version=1)
+    rollout = model_spec("default").played_with(RolloutSettings())  # as the default model plays: legal decoding
+    with served.serving() as model:
+        as_adapter = move_probabilities(model, served.tokenizer, "kuhn_poker", rollout)
+    as_whole = move_probabilities(whole.model, whole.tokenizer, "kuhn_poker", rollout)
+    assert as_adapter.keys() == as_whole.keys()
+    gaps = [abs(p - as_whole[state][move]) for state, moves in as_adapter.items() for move, p in moves.items()]
+    assert max(gaps) < 1e-4
+    assert max(abs(p - 0.5) for moves in as_whole.values() for p in moves.values()) > 1e-3  # not the base's play
+    # Sampled freely (model.generate, a shared prompt prefix run once), it draws the same answers.
+    rules = "Kuhn poker: three cards, jack, queen and king; each player antes a chip and is dealt one card. " * 2
+    prompts = [served.tokenizer(f"{rules}Name a card, player {i}:")["input_ids"] for i in range(3)]
+    assert common_prefix_length(prompts) >= MIN_SHARED_PREFIX
+    sampling = SamplingSettings(max_new_tokens=6, seed=7)
+    for adapter_answer, whole_answer in zip(served.generate(prompts, sampling), whole.generate(prompts, sampling)):
+        assert adapter_answer.token_ids == whole_answer.token_ids
+        assert adapter_answer.logprobs == pytest.approx(whole_answer.logprobs, abs=1e-4)
+    assert main.model.active_adapters == [TRAINED_ADAPTER] and main.model.training
+
+
+def test_more_snapshots_than_resident_adapters_each_play_with_their_own_weights(tiny_model_dir, tmp_path, monkeypatch):
+    overrides = [
+        "games={kuhn_poker: 1}",
+        "rollout.decoding=legal",  # a frozen backend keeps the hidden states it ran: its adapter's
+        "rollout.max_new_tokens=4",
+        "learner.lora.rank=4",
+        "learner.lora.alpha=8",
+        "league.enabled=true",
+        "league.snapshot_every=1",
+        "league.resident_adapters=2",
+        f"model={tiny_model_dir}",
+        f"run_dir={tmp_path}",
+    ]
+    trainer = Trainer(load_config(None, overrides), progress=False)
+    roster, league, main = trainer.roster, trainer.league, trainer.learner
+    trainable = {name for name, p in main.model.named_parameters() if p.requires_grad}
+    assert trainable and all(f".{TRAINED_ADAPTER}." in name for name in trainable)
+    for step in (1, 2):  # the main player trained, and frozen after each step
+        _trained(main, step)
+        league.record_step(step, [], {MAIN: step}, roster.freeze)
+    assert [p.name for p in league.snapshots()] == SNAPSHOTS
+    assert all(is_adapter(roster.snapshot_weights(name)) for name in SNAPSHOTS)
+    # The initial snapshot is the untrained adapter: the initial policy.
+    assert all(torch.equal(t, torch.zeros_like(t)) for t in _adapter_tensors(roster.snapshot_weights(SNAPSHOTS[0])))
+
+    loads = []
+    load_adapter = main.model.load_adapter
+
+    def counted_load(directory, adapter_name, **options):
+        loads.append(adapter_name)
+        return load_adapter(directory, adapter_name, **options)
+
+    monkeypatch.setattr(main.model, "load_adapter", counted_load)
+    seats = [players for name in SNAPSHOTS for players in ((name, MAIN), (MAIN, name))]
+    matches = [MatchSpec("kuhn_poker", players, seed) for seed, players in enumerate(seats)]
+    trajectories = list(RolloutEngine(roster.seat(matches), trainer.rollout_settings).run(matches))
+    played = [turn for trajectory in trajectories for turn in trajectory.turns if turn.agent in SNAPSHOTS]
+    assert {turn.agent for turn in played} == set(SNAPSHOTS)
+    assert len(roster.adapters.resident) == 2 and sorted(set(loads)) == SNAPSHOTS  # one was unloaded
+    merged = {name: _merged_backend(tiny_model_dir, roster.snapshot_weights(name)).model for name in SNAPSHOTS}
+    for turn in played:
+        model = merged[turn.agent]
+        mask = allowed_mask([turn.response_ids], [turn.choices], vocab_size(model)) if turn.choices else None
+        with torch.no_grad():
+            (expected,) = response_logprobs(model, [turn.prompt_ids], [turn.response_ids], 1.0, mask)
+        assert turn.logprobs == pytest.approx(expected.tolist(), abs=1e-4)
+    # An exact probe reads an unloaded snapshot with its own adapter, too.
+    evicted = next(name for name in SNAPSHOTS if name not in roster.adapters.resident)
+    loaded = loads.count(evicted)
+    probed = roster.snapshot_policy(evicted, "kuhn_poker")
+    assert loads.count(evicted) == loaded + 1 and evicted in roster.adapters.resident  # loaded again from disk
+    exact = move_probabilities(merged[evicted], main.tokenizer, "kuhn_poker", trainer.rollout_settings)
+    assert max(abs(p - exact[state][move]) for state, moves in probed.items() for move, p in moves.items()) < 1e-4
+
+    # The learner's own adapter stays the one active and trained: an update moves it alone.
+    assert main.model.active_adapters == [TRAINED_ADAPTER] and main.model.training
+    assert {name for name, p in main.model.named_parameters() if p.requires_grad} == trainable
+    optimized = {id(p) for group in main.optimizer.param_groups for p in group["params"]}
+    assert optimized == {id(p) for name, p in main.model.named_parameters() if name in trainable}
+    before = {name: p.detach().clone() for name, p in main.model.named_parameters()}
+    own = [turn for trajectory in trajectories for turn in trajectory.turns if turn.agent == MAIN]
+    main.update([Sample(t.prompt_ids, t.response_ids, t.logprobs, 1.0, t.choices) for t in own])
+    moved = {name for name, p in main.model.named_parameters() if not torch.equal(p, before[name])}
+    assert moved and moved <= trainable
+
+    # Retiring a snapshot unloads its adapter.
+    resident = next(iter(roster.adapters.resident))
+    roster.retire([resident])
+    assert resident not in roster.adapters.resident and resident not in main.model.peft_config
+
+    trainer.close()
+
+
+def _adapter_tensors(directory):
+    from safetensors.torch import load_file
+
+    return [t for name, t in load_file(str(directory / "adapter_model.safetensors")).items() if "lora_B" in name]
