@@ -47,9 +47,10 @@ from selfplay.errors import UserError
 from selfplay.evaluation.exploitability import SUPPORTED_GAMES
 from selfplay.evaluation.game_kinds import GENERAL_SUM, GameKind, mbb_per_hand
 from selfplay.evaluation.paired import paired_comparison
-from selfplay.evaluation.ratings import fit_elo
+from selfplay.evaluation.ratings import elo_intervals, fit_elo
 from selfplay.evaluation.report import QUICK_EPISODES, pairing_words
-from selfplay.evaluation.scoreboard import game_outcome, mean_interval, wilson_interval
+from selfplay.evaluation.scoreboard import game_outcome
+from selfplay.evaluation.significance import mean_interval, wilson_interval
 from selfplay.games import make_game
 from selfplay.model_specs import STYLE_SETTINGS, ModelSpec, checkpoint_model, model_spec, style_of
 from selfplay.records import Trajectory
@@ -446,8 +447,8 @@ def round_robin(
     """Every pair of candidates plays `episodes` games of each two-player game, alternating seats,
     each candidate asked and sampled as `played` says by its name; per game, the mean return
     matrix (`mean_returns[i][j]`: i's mean return against j, None on the diagonal), the matrices
-    of games played, won and drawn (a truncated game is played, but neither won nor drawn) and
-    the Elo ratings OpenSpiel fits to them."""
+    of games played, won and drawn (a truncated game is played, but neither won nor drawn), the
+    Elo ratings OpenSpiel fits to them and their 95% intervals."""
 
     labels = [c.name for c in candidates]
     index = {label: i for i, label in enumerate(labels)}
@@ -498,10 +499,16 @@ def round_robin(
             "games": games_played[game].tolist(),
             "wins": wins[game].tolist(),
             "draws": draws[game].tolist(),
-            "elo": fit_elo(wins[game], draws[game]),
+            **_elo(wins[game], draws[game]),
         }
         for game in games
     }
+
+
+def _elo(wins: np.ndarray, draws: np.ndarray) -> dict:
+    """The round robin's Elo ratings and each one's 95% interval (`elo_intervals`)."""
+    ratings = fit_elo(wins, draws)
+    return {"elo": ratings, "elo_ci95": elo_intervals(ratings, wins, draws)}
 
 
 def exploitabilities(

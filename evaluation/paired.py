@@ -9,10 +9,12 @@ difference of two separately estimated means.
 The score of a game follows its kind (`GameKind.score`): 1, 1/2 or 0 for a win, draw or loss in a
 win-lose game, the return otherwise (chips in poker, also given in milli-big-blinds per hand). A
 win-lose game stopped by a turn cap has no score: its pair is left out.
-A difference is significant when its 95% interval leaves out 0; no correction is made for the
-number of comparisons. Per game, the differences against every opponent are pooled into one
-verdict (the mean over opponents when each plays the same number of games; the pooled spread
-includes how the opponents differ, which only widens the interval).
+The verdict on a difference is `significance`'s rule for paired games: better or worse when
+its 95% (t) interval leaves out 0, no verdict when every difference is the same nonzero value
+(no spread to measure). No correction is made for the number of comparisons. Per game, the
+differences against every opponent are pooled into one verdict (the mean over opponents when
+each plays the same number of games; the pooled spread includes how the opponents differ,
+which only widens the interval).
 """
 
 from __future__ import annotations
@@ -20,11 +22,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from selfplay.evaluation.game_kinds import GENERAL_SUM, GameKind, mbb_per_hand
-from selfplay.evaluation.scoreboard import mean_interval
+from selfplay.evaluation.significance import (
+    BETTER,
+    HIGHER_IS_BETTER,
+    NEITHER_IS_BETTER,
+    NO_SIGNIFICANT_CHANGE,
+    NO_VERDICT,
+    WORSE,
+    mean_interval,
+    sampled_verdict,
+)
 
 ALL_OPPONENTS = "all"
-VERDICTS = ("better", "worse", "indistinguishable")
-FIGURE_VERDICTS = {"better": "higher", "worse": "lower", "indistinguishable": "indistinguishable"}
+VERDICTS = (BETTER, WORSE, NO_SIGNIFICANT_CHANGE, NO_VERDICT)
 
 
 def paired_differences(candidate: dict, baseline: dict) -> list[float]:
@@ -55,24 +65,24 @@ def figure_differences(candidate: dict, baseline: dict) -> dict[str, list[float]
 
 def figure_rows(candidate: dict, baseline: dict) -> list[dict]:
     """A row per role figure the two share: each one's mean, and the paired difference with its
-    interval; the verdict says only which is higher, since a figure may be good high (an
-    attacker's success) or low (a defender's leaks)."""
+    interval; the verdict says only which is higher (or no significant change), since a figure
+    may be good high (an attacker's success) or low (a defender's leaks)."""
     rows = []
     for name, differences in figure_differences(candidate, baseline).items():
         if differences:
             row = {"figure": name, "mean": candidate["role_figures"][name]["mean"]}
             row["baseline_mean"] = baseline["role_figures"][name]["mean"]
-            row |= difference_row(differences, GameKind(GENERAL_SUM))
-            row["verdict"] = FIGURE_VERDICTS[row["verdict"]]
+            row |= difference_row(differences, GameKind(GENERAL_SUM), NEITHER_IS_BETTER)
             rows.append(row)
     return rows
 
 
-def difference_row(differences: Sequence[float], kind: GameKind) -> dict:
-    """The mean of paired differences, its 95% interval, and the verdict it supports."""
+def difference_row(differences: Sequence[float], kind: GameKind, direction: str = HIGHER_IS_BETTER) -> dict:
+    """The mean of paired differences, its 95% interval, and the verdict it supports
+    (`sampled_verdict`: `direction` says which way the score is good)."""
     mean, ci = mean_interval(differences)
-    verdict = "indistinguishable" if ci is None or ci[0] <= 0.0 <= ci[1] else "better" if mean > 0 else "worse"
-    row = {"games": len(differences), "difference": mean, "difference_ci95": ci, "verdict": verdict}
+    row = {"games": len(differences), "difference": mean, "difference_ci95": ci}
+    row["verdict"] = sampled_verdict(mean, ci, direction)
     if kind.big_blind is not None:
         row["mbb_per_hand"] = mbb_per_hand(mean, kind.big_blind)
         row["mbb_per_hand_ci95"] = None if ci is None else [mbb_per_hand(x, kind.big_blind) for x in ci]
@@ -83,8 +93,8 @@ def paired_comparison(matches: Sequence[dict], baseline: str) -> dict:
     """Each candidate other than `baseline` against it, from the rows of `play_opponents`
     (with `candidate` and `step`): a row per game and opponent, and per game one pooled over
     its opponents (opponent `ALL_OPPONENTS`); and per candidate the number of games on which it
-    is significantly better, worse, or indistinguishable, by the pooled rows; and a row per
-    role figure of each game and opponent (`figure_rows`)."""
+    is significantly better, worse, not significantly different or unjudged (`VERDICTS`), by the
+    pooled rows; and a row per role figure of each game and opponent (`figure_rows`)."""
     base = {(m["game"], m["opponent"]): m for m in matches if m["candidate"] == baseline}
     rows: list[dict] = []
     figures: list[dict] = []
@@ -114,9 +124,10 @@ def paired_comparison(matches: Sequence[dict], baseline: str) -> dict:
 
 def summary_line(candidate: str, counts: dict[str, int], baseline: str) -> str:
     """One line: on how many games `candidate` is significantly better than `baseline`, worse,
-    or indistinguishable from it (SPIRAL's and MARS's transfer figure, on a held-out suite)."""
+    or not significantly different (SPIRAL's and MARS's transfer figure, on a held-out suite)."""
+    unjudged = f", no verdict on {counts[NO_VERDICT]}" if counts.get(NO_VERDICT) else ""
     return (
-        f"{candidate} against {baseline}: significantly better on {counts['better']}, worse on "
-        f"{counts['worse']}, indistinguishable on {counts['indistinguishable']} of {sum(counts.values())} games "
+        f"{candidate} against {baseline}: significantly better on {counts[BETTER]}, worse on {counts[WORSE]}, "
+        f"no significant change on {counts[NO_SIGNIFICANT_CHANGE]}{unjudged} of {sum(counts.values())} games "
         "(95% paired intervals, every opponent's games pooled per game)."
     )

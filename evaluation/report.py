@@ -1,7 +1,8 @@
 """The evaluation report: `results.json` (every figure), `report.md` (tables) and PNG plots of
 each game's primary figure (`game_kinds`: win rate, or mean return), Elo and exploitability by
 checkpoint step. The report opens with the pairings in which a model's moves were mostly
-invalid (`invalid_move_alarms`), and says how each model was asked and sampled."""
+invalid (`invalid_move_alarms`) and the summary of what it found (`verdict_summary`, which the
+terminal shows too), and says how each model was asked and sampled."""
 
 from __future__ import annotations
 
@@ -13,6 +14,17 @@ from pathlib import Path
 
 from selfplay.evaluation.game_kinds import COOPERATIVE, GENERAL_SUM, WIN_LOSS, GameKind, headline
 from selfplay.evaluation.paired import ALL_OPPONENTS, summary_line
+from selfplay.evaluation.ratings import MIN_ELO_GAMES, few_games_warning
+from selfplay.evaluation.significance import (
+    BETTER,
+    FALSE_VERDICTS_NOTE,
+    HIGHER,
+    LOWER,
+    LOWER_IS_BETTER,
+    NO_VERDICT,
+    WORSE,
+    exact_verdict,
+)
 
 RESULTS_FILE = "results.json"
 REPORT_FILE = "report.md"
@@ -24,7 +36,7 @@ INVALID_MOVE_ALARM = 0.2
 QUICK_EPISODES = 10
 QUICK_NOTE = (
     f" **A quick evaluation** (`--quick`, {QUICK_EPISODES} games per pairing): its intervals are wide, and a "
-    "difference it finds indistinguishable may show with more games (`--episodes`)."
+    "difference it finds not significant may show with more games (`--episodes`)."
 )
 ALARM_ADVICE = (
     f"more than {INVALID_MOVE_ALARM:.0%} of a model's moves were invalid in the pairings below, whose figures then "
@@ -58,6 +70,71 @@ def invalid_move_alarms(results: dict) -> list[str]:
                 pairing = f"{row['game']}, {row['candidate']} against {row['opponent']}"
                 alarms.append(f"{pairing}: {name} made {rate:.0%} invalid moves, asked with {asked}")
     return alarms
+
+
+def verdict_summary(results: dict) -> list[str]:
+    """What the evaluation found, a line each (sub-lines indented), for the terminal and the
+    report's summary: each game's primary figure per opponent and checkpoint; each checkpoint's
+    paired comparison with the baseline, per game, and the role figures it changed; the round
+    robin's Elo with intervals; the change in exact exploitability; how many verdicts chance makes."""
+    lines = []
+    for (game, opponent), rows in groupby(results["matches"], key=lambda r: (r["game"], r["opponent"])):
+        rows = list(rows)
+        figures = [(r["candidate"], *headline(r)[1:]) for r in rows]
+        lines.append(
+            f"{game} vs {opponent}, {headline(rows[0])[0]}: "
+            + ", ".join(f"{name} {_with_interval(value, ci)}" for name, value, ci in figures)
+        )
+    comparison = results["comparison"]
+    for name, counts in comparison.get("summary", {}).items():
+        lines.append(summary_line(name, counts, comparison["baseline"]))
+        for r in comparison["per_game"]:
+            if r["candidate"] == name:
+                lines.append(f"  {r['game']}: {_with_interval(r['difference'], r['difference_ci95'])} {r['verdict']}")
+        for r in comparison["role_figures"]:
+            if r["candidate"] == name and r["verdict"] in (HIGHER, LOWER):
+                difference = _with_interval(r["difference"], r["difference_ci95"])
+                change = f"{r['baseline_mean']:.3f} -> {r['mean']:.3f}, {difference}"
+                lines.append(f"  {r['game']} vs {r['opponent']}: {r['figure']} {r['verdict']} ({change})")
+    for game, table in results["round_robin"].items():
+        if GameKind(**table["kind"]).has_winners:
+            elo = ", ".join(f"{n} {_elo(e, ci)}" for n, e, ci in zip(table["players"], table["elo"], table["elo_ci95"]))
+            lines.append(f"round robin, {game}: Elo {elo}")
+            warning = few_games_warning(table["players"], table["wins"], table["draws"], "--episodes")
+            lines += [f"  warning: {warning}"] if warning else []
+    lines += _exploitability_changes(results)
+    if comparison or results["exploitability"]:
+        lines.append(FALSE_VERDICTS_NOTE)
+    return lines
+
+
+def _exploitability_changes(results: dict) -> list[str]:
+    """Per game, each checkpoint's exact exploitability and, for the others, its verdict against
+    the baseline's (`exact_verdict`: by sign)."""
+    baseline = results["comparison"].get("baseline")
+    lines = []
+    for game, rows in groupby(sorted(results["exploitability"], key=lambda r: r["game"]), key=lambda r: r["game"]):
+        rows = list(rows)
+        base = next((r["exploitability"] for r in rows if r["candidate"] == baseline), None)
+        cells = []
+        for r in rows:
+            verdict = ""
+            if base is not None and r["candidate"] != baseline:
+                verdict = f" ({exact_verdict(r['exploitability'] - base, LOWER_IS_BETTER)} than {baseline})"
+            cells.append(f"{r['candidate']} {r['exploitability']:.4f}{verdict}")
+        lines.append(f"exploitability (exact), {game}: {', '.join(cells)}")
+    return lines
+
+
+def _with_interval(value: float, ci: list[float] | None) -> str:
+    return f"{value:+.3f}" + ("" if ci is None else f" [{ci[0]:+.3f}, {ci[1]:+.3f}]")
+
+
+def _elo(rating: float, interval: list[float | None]) -> str:
+    """An Elo rating and its interval, an unbounded end as inf."""
+    low = "-inf" if interval[0] is None else f"{interval[0]:+.0f}"
+    high = "inf" if interval[1] is None else f"{interval[1]:+.0f}"
+    return f"{rating:.0f} [{low}, {high}]"
 
 
 def pairing_words(skip: dict) -> str:
@@ -145,15 +222,25 @@ def _plots(results: dict, out: Path) -> list[tuple[str, str]]:
             axis.label_axes(ax, game, f"{figure} (95% interval)")
             if figure == "win rate":
                 ax.set_ylim(-0.02, 1.02)
-        plots.append(_save(fig, out / "primary.png", "Each game's primary figure by checkpoint, per opponent"))
+        caption = (
+            "Each game's primary figure by checkpoint, per opponent, with its own 95% interval: bars that "
+            "overlap may still differ significantly in the paired comparison, which the verdicts use"
+        )
+        plots.append(_save(fig, out / "primary.png", caption))
     # Elo only where games are won and lost: in general-sum and cooperative games it measures nothing.
     rated = {game: t for game, t in results["round_robin"].items() if GameKind(**t["kind"]).has_winners}
     if rated:
         fig, ax = plt.subplots(figsize=(5.5, 3.8))
         for game, table in rated.items():
-            axis.draw(ax, table["players"], table["elo"], None, game)
-        axis.label_axes(ax, "Round robin between checkpoints", "Elo (OpenSpiel fit)")
-        plots.append(_save(fig, out / "elo.png", "Elo by checkpoint (round robin)"))
+            # An end that a perfect score leaves open is not drawn.
+            errors = [
+                [0.0 if low is None else elo - low, 0.0 if high is None else high - elo]
+                for elo, (low, high) in zip(table["elo"], table["elo_ci95"])
+            ]
+            axis.draw(ax, table["players"], table["elo"], errors, game)
+        axis.label_axes(ax, "Round robin between checkpoints", "Elo (OpenSpiel fit, 95% interval)")
+        caption = "Elo by checkpoint (round robin), with the intervals of its table; an open end is not drawn"
+        plots.append(_save(fig, out / "elo.png", caption))
     if results["exploitability"]:
         fig, ax = plt.subplots(figsize=(5.5, 3.8))
         for game in dict.fromkeys(r["game"] for r in results["exploitability"]):
@@ -184,8 +271,12 @@ def _markdown(results: dict, plots: list[tuple[str, str]]) -> str:
     lines += [
         f"Games: {', '.join(settings['games'])}. Opponents: {', '.join(settings['opponents'])}. "
         f"{settings['episodes']} games per pairing, the checkpoint taking each seat in turn, seed {settings['seed']}. "
-        "Intervals are 95%: Wilson intervals for rates, normal intervals for means."
-        + (QUICK_NOTE if settings["quick"] else ""),
+        "Intervals are 95%: Wilson intervals for rates, Student's t intervals for means (none where every game "
+        "gave the same value)." + (QUICK_NOTE if settings["quick"] else ""),
+        "",
+        "## Summary",
+        "",
+        *(f"{'  ' if line.startswith(' ') else ''}- {line.strip()}" for line in verdict_summary(results)),
         "",
         *_styles(results),
         "",
@@ -304,7 +395,8 @@ def _comparison(comparison: dict) -> list[str]:
         "",
         f"Each checkpoint's score minus {baseline}'s, game by game on the same deals, seats and opponent "
         "seeds: the return (chips in poker) in games judged by mean return, 1 / 0.5 / 0 for a win / draw / "
-        "loss in win-lose games. **Bold**: the 95% interval leaves out 0."
+        f"loss in win-lose games. **Bold**: the 95% interval leaves out 0. {NO_VERDICT.capitalize()}: every "
+        "paired difference was the same, so there is no spread to judge it by."
         + (f" Opponent `{ALL_OPPONENTS}` pools every opponent's games." if pooled else ""),
         "",
         "| checkpoint | game | opponent | games | difference | mbb/hand | verdict |",
@@ -317,7 +409,7 @@ def _comparison(comparison: dict) -> list[str]:
     for r in sorted(rows, key=lambda r: order[r["candidate"], r["game"]]):
         difference = _mean(r, "difference")
         mbb = _mean(r, "mbb_per_hand", digits=0) if "mbb_per_hand" in r else ""
-        if r["verdict"] != "indistinguishable":
+        if r["verdict"] in (BETTER, WORSE):
             difference, mbb = f"**{difference}**", f"**{mbb}**" if mbb else ""
         cells = [r["candidate"], r["game"], r["opponent"], str(r["games"]), difference, mbb, r["verdict"]]
         lines.append("| " + " | ".join(cells) + " |")
@@ -333,7 +425,7 @@ def _comparison(comparison: dict) -> list[str]:
         ]
         for r in comparison["role_figures"]:
             difference = _mean(r, "difference")
-            if r["verdict"] != "indistinguishable":
+            if r["verdict"] in (HIGHER, LOWER):
                 difference = f"**{difference}**"
             cells = [r["candidate"], r["game"], r["opponent"], r["figure"], str(r["games"])]
             cells += [f"{r['mean']:.3f}", f"{r['baseline_mean']:.3f}", difference, r["verdict"]]
@@ -350,12 +442,23 @@ def _round_robin(table: dict) -> list[str]:
         lines.append(f"| {name} | " + " | ".join("" if x is None else f"{x:+.3f}" for x in returns) + " |")
     if not GameKind(**table["kind"]).has_winners:
         return lines
-    lines += ["", "| checkpoint | Elo | wins | draws | truncated | games |", "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "Elo in brackets: a 95% interval, holding the other ratings fixed (the ratings at which the checkpoint's "
+        "expected score would be either end of the Wilson interval of the score it made; inf: a perfect score, or "
+        f"none, leaves that end open). Under {MIN_ELO_GAMES} decided games a checkpoint's Elo is too uncertain to "
+        "rank by.",
+        "",
+        "| checkpoint | Elo [95%] | wins | draws | truncated | games |",
+        "|---|---|---|---|---|---|",
+    ]
     for i, name in enumerate(names):
         wins, draws, games = sum(table["wins"][i]), sum(table["draws"][i]), sum(table["games"][i])
         truncated = games - wins - draws - sum(row[i] for row in table["wins"])
-        lines.append(f"| {name} | {table['elo'][i]:.0f} | {wins} | {draws} | {truncated} | {games} |")
-    return lines
+        elo = _elo(table["elo"][i], table["elo_ci95"][i])
+        lines.append(f"| {name} | {elo} | {wins} | {draws} | {truncated} | {games} |")
+    warning = few_games_warning(names, table["wins"], table["draws"], "--episodes")
+    return lines + (["", f"**Warning:** {warning}"] if warning else [])
 
 
 def _rate(row: dict, outcome: str) -> str:

@@ -1,10 +1,9 @@
 """Per-agent tallies of finished games: wins, draws, losses, truncated games, invalid moves and
-reward, and confidence intervals for rates and means."""
+reward (their intervals: `significance`)."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 from selfplay.records import MatchResult
@@ -88,31 +87,3 @@ def format_table(records: Iterable[AgentRecord]) -> str:
     ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
-
-
-Z_95 = 1.959963984540054  # the standard normal quantile of 0.975
-
-
-def wilson_interval(successes: int, trials: int, z: float = Z_95) -> tuple[float, float]:
-    """The Wilson score interval for a binomial rate (95% by default). Unlike the normal
-    approximation it stays inside [0, 1] and is not empty at 0 or `trials` successes."""
-    if trials <= 0:
-        return (0.0, 1.0)
-    rate = successes / trials
-    spread = z * z / trials
-    centre = (rate + spread / 2) / (1 + spread)
-    half = z * math.sqrt(rate * (1 - rate) / trials + spread / (4 * trials)) / (1 + spread)
-    # Rounding can put a bound a hair past the rate at 0 or `trials` successes.
-    return (max(0.0, min(rate, centre - half)), min(1.0, max(rate, centre + half)))
-
-
-def mean_interval(values: Sequence[float], z: float = Z_95) -> tuple[float, list[float] | None]:
-    """The mean of `values` and its 95% interval, mean +- z * s / sqrt(n) with the sample
-    standard deviation s (the normal approximation: with the 50 to 100 games of a suite,
-    Student's t would widen it by 1-3%). No interval (None) from fewer than two values."""
-    n = len(values)
-    mean = math.fsum(values) / n if n else 0.0
-    if n < 2:
-        return mean, None
-    half = z * math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1) / n)
-    return mean, [mean - half, mean + half]

@@ -11,9 +11,19 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+from selfplay.evaluation.significance import (
+    FALSE_VERDICTS_NOTE,
+    HIGHER_IS_BETTER,
+    LOWER_IS_BETTER,
+    NEITHER_IS_BETTER,
+    difference_interval,
+    exact_verdict,
+    sampled_verdict,
+)
 from selfplay.files import append_text, read_json_lines, replace_text
 
 
@@ -66,8 +76,7 @@ def keep_evaluations_up_to(path: Path, step: int) -> None:
 # -- the table ------------------------------------------------------------------------------------
 
 # Figure name suffix -> how the table names it, in the order it lists them (milli-big-blinds, the
-# mean return times 1000, are left to TensorBoard). Lower is better for LOWER_IS_BETTER; a change
-# in a NEITHER figure is not called better either way (more draws may mean fewer wins).
+# mean return times 1000, are left to TensorBoard).
 _LABELS = {
     "exact_non_loss": "non-loss vs random, exact (both seats)",
     "exact_non_loss_seat_0": "  as the first player, exact",
@@ -80,8 +89,18 @@ _LABELS = {
     "opponent_mean_return": "opponent's mean return",
     "invalid_move_rate": "invalid moves",
 }
-LOWER_IS_BETTER = ("exploitability", "losses_rate", "invalid_move_rate", "opponent_mean_return")
-NEITHER = ("draws_rate",)
+# Computed from every move's probability, with no sampling: judged by `exact_verdict`.
+EXACT = ("exact_non_loss", "exact_non_loss_seat_0", "exact_non_loss_seat_1", "exploitability")
+# Which way each figure is good; any other is better higher.
+DIRECTIONS = {
+    **dict.fromkeys(("exploitability", "losses_rate", "invalid_move_rate", "opponent_mean_return"), LOWER_IS_BETTER),
+    "draws_rate": NEITHER_IS_BETTER,  # more draws may mean fewer wins
+}
+VERDICT_NOTE = (
+    "Verdicts: a sampled figure is better or worse only when the 95% interval of its change (in brackets, "
+    "combined from the two evaluations' intervals) leaves out 0, with no verdict where a figure has no interval; "
+    "an exact figure by its sign. " + FALSE_VERDICTS_NOTE
+)
 
 
 def _describe(name: str) -> tuple[str, str, int] | None:
@@ -95,6 +114,20 @@ def _describe(name: str) -> tuple[str, str, int] | None:
     return game, label, list(_LABELS).index(figure)
 
 
+def change(before: Evaluation, after: Evaluation, name: str) -> tuple[float, list[float] | None, str]:
+    """How figure `name` changed from `before` to `after`: the difference, its 95% interval (none
+    for an exact figure) and the verdict (`significance`)."""
+    difference = after.figures[name] - before.figures[name]
+    figure = name.rsplit("/", 1)[-1]
+    direction = DIRECTIONS.get(figure, HIGHER_IS_BETTER)
+    if figure in EXACT:
+        return difference, None, exact_verdict(difference, direction)
+    interval = difference_interval(
+        before.figures[name], before.intervals.get(name), after.figures[name], after.intervals.get(name)
+    )
+    return difference, interval, sampled_verdict(difference, interval, direction)
+
+
 def _value(value: float, interval: tuple[float, float] | None) -> str:
     if not math.isfinite(value):
         return "-"
@@ -103,10 +136,18 @@ def _value(value: float, interval: tuple[float, float] | None) -> str:
     return f"{value:.3f} [{interval[0]:.2f}, {interval[1]:.2f}]"
 
 
+def _change(difference: float, interval: list[float] | None) -> str:
+    if not math.isfinite(difference):
+        return "-"
+    # An exact change too small for three decimals still shows its sign and size.
+    shown = f"{difference:+.1e}" if 0 < abs(difference) < 0.0005 else f"{difference:+.3f}"
+    return shown if interval is None else f"{shown} [{interval[0]:+.2f}, {interval[1]:+.2f}]"
+
+
 def evaluation_table(evaluations: list[Evaluation]) -> str:
     """The figures of the first and the last of `evaluations` (before and after training) side
-    by side with the change, grouped by game; sampled figures carry their 95% interval in
-    brackets. With one evaluation, its figures alone."""
+    by side with the change and its verdict (`change`), grouped by game; sampled figures carry
+    their 95% interval in brackets. With one evaluation, its figures alone."""
     shown = [evaluations[0], evaluations[-1]] if len(evaluations) > 1 else evaluations[:1]
     rows = []
     for name in shown[-1].figures:
@@ -114,14 +155,14 @@ def evaluation_table(evaluations: list[Evaluation]) -> str:
         if described is not None and all(name in e.figures for e in shown):
             rows.append((described[0], described[2], described[1], name))
     rows.sort()
-    header = ("game", "figure", *(f"step {e.step}" for e in shown), *(("change",) if len(shown) == 2 else ()))
+    header = ("game", "figure", *(f"step {e.step}" for e in shown))
+    header += ("change", "verdict") if len(shown) == 2 else ()
     lines = [header]
     for game, _, label, name in rows:
         cells = [_value(e.figures[name], e.intervals.get(name)) for e in shown]
         if len(shown) == 2:
-            change = shown[1].figures[name] - shown[0].figures[name]
-            better = not name.endswith(NEITHER) and (change < 0 if name.endswith(LOWER_IS_BETTER) else change > 0)
-            cells.append(f"{change:+.3f}{' (better)' if better and abs(change) >= 0.005 else ''}")
+            difference, interval, verdict = change(*shown, name)
+            cells += [_change(difference, interval), verdict]
         lines.append((game, label, *cells))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     out = []
@@ -131,6 +172,8 @@ def evaluation_table(evaluations: list[Evaluation]) -> str:
         out.append("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
         if i == 0:
             out.append("  ".join("-" * width for width in widths))
+    if len(shown) == 2:
+        out += ["", *textwrap.wrap(VERDICT_NOTE, 100)]
     return "\n".join(out)
 
 
@@ -143,7 +186,8 @@ _NOT_PLOTTED = ("draws_rate", "losses_rate", "_seat_0", "_seat_1")
 
 def plot_learning_curve(evaluations: list[Evaluation], path: Path) -> Path:
     """One panel per game: each figure of the table by step, sampled ones with their 95%
-    interval as a band. Written as a PNG to `path`."""
+    interval as a band, its legend saying the table's verdict on the change from the first
+    evaluation to the last. Written as a PNG to `path`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -153,7 +197,10 @@ def plot_learning_curve(evaluations: list[Evaluation], path: Path) -> Path:
     for name in evaluations[-1].figures:
         described = _describe(name)
         if described is not None and not name.endswith(_NOT_PLOTTED):
-            curves.setdefault(described[0], {})[name] = described[1].strip()
+            label = described[1].strip()
+            if len(evaluations) > 1 and name in evaluations[0].figures:
+                label += f" ({change(evaluations[0], evaluations[-1], name)[2]})"
+            curves.setdefault(described[0], {})[name] = label
     games = sorted(curves)
     figure, axes = plt.subplots(1, max(1, len(games)), figsize=(5.5 * max(1, len(games)), 4), squeeze=False)
     for axis, game in zip(axes[0], games):

@@ -99,7 +99,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from selfplay.evaluation.evaluate import EvalSettings, evaluate, find_candidates, load_suite
-    from selfplay.evaluation.report import ALARM_ADVICE, RESULTS_FILE, invalid_move_alarms, write_report
+    from selfplay.evaluation.report import (
+        ALARM_ADVICE,
+        RESULTS_FILE,
+        invalid_move_alarms,
+        verdict_summary,
+        write_report,
+    )
 
     suite = load_suite(args.suite) if args.suite else {}
     games = args.games or suite.get("games")
@@ -132,7 +138,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if alarms:
         _warn("\n".join([f"warning: {ALARM_ADVICE}", *(f"  {alarm}" for alarm in alarms)]))
     report = write_report(results, args.out)
-    print(f"Wrote {report} and {report.parent / RESULTS_FILE}.")
+    print("\n".join([*verdict_summary(results), f"Wrote {report} and {report.parent / RESULTS_FILE}."]))
     return 0
 
 

@@ -42,7 +42,8 @@ from selfplay.evaluation.game_kinds import (
 from selfplay.evaluation.paired import paired_comparison, summary_line
 from selfplay.evaluation.ratings import fit_elo
 from selfplay.evaluation.report import QUICK_EPISODES, CheckpointAxis
-from selfplay.evaluation.scoreboard import mean_interval, seat_outcome, wilson_interval
+from selfplay.evaluation.scoreboard import seat_outcome
+from selfplay.evaluation.significance import NO_VERDICT, mean_interval, wilson_interval
 from selfplay.evaluation.training_curve import evaluation_table, read_evaluations
 from selfplay.games import make_game
 from selfplay.model_specs import ModelSpec
@@ -95,12 +96,18 @@ def _trajectory(players, rewards, turns_of_policy=(), seed=0, end_reason="game_o
     return Trajectory(result, turns)
 
 
+# Student's t quantiles of 0.975 (tables): 1, 3 and 7 degrees of freedom.
+T_1, T_3, T_7 = 12.706205, 3.182446, 2.364624
+
+
 def test_mean_interval_matches_hand_computed_values():
-    # Mean 0.5; sample variance ((0.5^2 + 1.5^2) * 2) / 3 = 5/3; half-width 1.96 * sqrt(5/3 / 4) = 1.2652.
+    # Mean 0.5; sample variance ((0.5^2 + 1.5^2) * 2) / 3 = 5/3; half-width t(3) * sqrt(5/3 / 4) = 2.054260.
     mean, (low, high) = mean_interval([1.0, -1.0, 2.0, 0.0])
-    assert mean == 0.5 and low == pytest.approx(-0.765151, abs=1e-6) and high == pytest.approx(1.765151, abs=1e-6)
-    assert mean_interval([3.0, 3.0, 3.0]) == (3.0, [3.0, 3.0])
-    assert mean_interval([2.0]) == (2.0, None)  # no spread to measure from one game
+    assert mean == 0.5 and low == pytest.approx(-1.554260, abs=1e-6) and high == pytest.approx(2.554260, abs=1e-6)
+    assert T_3 * math.sqrt(5 / 12) == pytest.approx(2.054260, abs=1e-6)
+    assert mean_interval([3.0, 3.0, 3.0]) == (3.0, None)  # values that all agree: no spread to measure
+    assert mean_interval([0.1] * 7) == (pytest.approx(0.1), None)  # even where their mean is off by rounding
+    assert mean_interval([2.0]) == (2.0, None)  # nor from one game
 
 
 def test_milli_big_blinds_per_hand_follow_each_poker_games_big_blind():
@@ -156,14 +163,14 @@ def test_outcome_stats_count_each_seat_and_the_policys_turns():
     assert stats["turns"] == 5
     assert stats["invalid_move_rate"] == pytest.approx(1 / 5)
     assert stats["mean_response_tokens"] == pytest.approx((3 + 5 + 4 + 4 + 2) / 5)
-    # Its returns 1, -2, 0, -1: mean -0.5, sample variance 5/3, half-width 1.96 * sqrt(5/12) = 1.2652.
+    # Its returns 1, -2, 0, -1: mean -0.5, sample variance 5/3, half-width t(3) * sqrt(5/12) = 2.054260.
     assert stats["returns"] == [1.0, -2.0, 0.0, -1.0] and stats["outcomes"] == ["wins", "losses", "draws", "losses"]
     assert stats["mean_return"] == -0.5
-    assert stats["mean_return_ci95"] == pytest.approx([-1.765151, 0.765151], abs=1e-6)
-    assert stats["mbb_per_hand"] == -500.0 and stats["mbb_per_hand_ci95"] == pytest.approx([-1765.151, 765.151])
-    # Seat 0 won 1 and lost 1 (variance 2, half-width 1.96); seat 1 lost 2 and drew.
+    assert stats["mean_return_ci95"] == pytest.approx([-2.554260, 1.554260], abs=1e-6)
+    assert stats["mbb_per_hand"] == -500.0 and stats["mbb_per_hand_ci95"] == pytest.approx([-2554.260, 1554.260])
+    # Seat 0 won 1 and lost 1; seat 1 lost 2 and drew (returns -2 and 0: variance 2, half-width t(1)).
     assert stats["seats"]["0"]["mean_return"] == 0.0 and stats["seats"]["1"]["mean_return"] == -1.0
-    assert stats["seats"]["1"]["mean_return_ci95"] == pytest.approx([-1 - 1.959964, -1 + 1.959964])
+    assert stats["seats"]["1"]["mean_return_ci95"] == pytest.approx([-1 - T_1, -1 + T_1])
 
 
 def test_general_sum_games_report_each_sides_return_and_no_wins():
@@ -239,9 +246,9 @@ def test_three_player_outcomes_are_rank_based_and_returns_are_per_seat():
     stats = outcome_stats(trajectories, "policy", GameKind(PAYOFF, 1.0))
     assert [stats[o] for o in ("wins", "draws", "losses", "truncated")] == [1, 1, 1, 1]
     assert stats["outcomes"] == ["wins", "draws", "losses", "truncated"]
-    # Returns 2, 1, -1, -1: mean 0.25, sample variance 6.75 / 3 = 2.25, half-width 1.96 * 1.5 / 2 = 1.469973.
+    # Returns 2, 1, -1, -1: mean 0.25, sample variance 6.75 / 3 = 2.25, half-width t(3) * 1.5 / 2 = 2.386835.
     assert stats["mean_return"] == 0.25 and stats["mbb_per_hand"] == 250.0
-    assert stats["mean_return_ci95"] == pytest.approx([-1.219973, 1.719973], abs=1e-6)
+    assert stats["mean_return_ci95"] == pytest.approx([-2.136835, 2.636835], abs=1e-6)
     seats = stats["seats"]
     assert sorted(seats) == ["0", "1", "2"] and [seats[s]["games"] for s in "012"] == [2, 1, 1]
     assert [seats[s]["mean_return"] for s in "012"] == [0.5, 1.0, -1.0]
@@ -280,26 +287,27 @@ def test_paired_differences_on_constructed_results():
     comparison = paired_comparison(matches, "base")
     rows = {(r["game"], r["opponent"]): r for r in comparison["differences"] + comparison["per_game"]}
     assert len(rows) == 5 and all(r["candidate"] == "new" for r in rows.values())
-    # Differences 1, 0, 0, 1: mean 0.5, variance 1/3, half-width 1.96 * sqrt(1/12) = 0.5658: not significant.
+    # Differences 1, 0, 0, 1: mean 0.5, variance 1/3, half-width t(3) * sqrt(1/12) = 0.918693: not significant.
     random = rows["kuhn_poker", "random"]
-    assert random["difference"] == 0.5 and random["verdict"] == "indistinguishable"
-    assert random["difference_ci95"] == pytest.approx([-0.065792, 1.065792], abs=1e-6)
-    assert random["mbb_per_hand"] == 500.0 and random["mbb_per_hand_ci95"][1] == pytest.approx(1065.792, abs=1e-3)
-    # Differences 1, 1, 1, 2: mean 1.25, variance 1/4, half-width 1.96 / 4 = 0.49: significantly better.
+    assert random["difference"] == 0.5 and random["verdict"] == "no significant change"
+    assert random["difference_ci95"] == pytest.approx([-0.418693, 1.418693], abs=1e-6)
+    assert random["mbb_per_hand"] == 500.0 and random["mbb_per_hand_ci95"][1] == pytest.approx(1418.693, abs=1e-3)
+    # Differences 1, 1, 1, 2: mean 1.25, variance 1/4, half-width t(3) / 4 = 0.795612: significantly better.
     nash = rows["kuhn_poker", "nash"]
     assert nash["difference"] == 1.25 and nash["verdict"] == "better"
-    assert nash["difference_ci95"] == pytest.approx([0.760009, 1.739991], abs=1e-6)
-    # Both opponents pooled: 1, 0, 0, 1, 1, 1, 1, 2: mean 0.875, variance 2.875 / 7, half-width 0.4441.
+    assert nash["difference_ci95"] == pytest.approx([0.454388, 2.045612], abs=1e-6)
+    # Both opponents pooled: 1, 0, 0, 1, 1, 1, 1, 2: mean 0.875, variance 2.875 / 7, half-width t(7) * 0.226582.
     pooled = rows["kuhn_poker", "all"]
     assert pooled["games"] == 8 and pooled["difference"] == 0.875 and pooled["verdict"] == "better"
-    assert pooled["difference_ci95"] == pytest.approx([0.430907, 1.319093], abs=1e-6)
-    # Score differences 0, 1, 0, 0: mean 0.25, variance 1/4, half-width 0.49: not significant.
+    assert pooled["difference_ci95"] == pytest.approx([0.339219, 1.410781], abs=1e-6)
+    # Score differences 0, 1, 0, 0: mean 0.25, variance 1/4, half-width 0.795612: not significant.
     board_row = rows["tictactoe", "random"]
-    assert board_row["difference"] == 0.25 and board_row["difference_ci95"] == pytest.approx([-0.24, 0.74], abs=1e-5)
-    assert "mbb_per_hand" not in board_row and board_row["verdict"] == "indistinguishable"
-    assert comparison["summary"] == {"new": {"better": 1, "worse": 0, "indistinguishable": 1}}
+    assert board_row["difference"] == 0.25
+    assert board_row["difference_ci95"] == pytest.approx([-0.545612, 1.045612], abs=1e-6)
+    assert "mbb_per_hand" not in board_row and board_row["verdict"] == "no significant change"
+    assert comparison["summary"] == {"new": {"better": 1, "worse": 0, "no significant change": 1, NO_VERDICT: 0}}
     assert summary_line("new", comparison["summary"]["new"], "base").startswith(
-        "new against base: significantly better on 1, worse on 0, indistinguishable on 1 of 2 games"
+        "new against base: significantly better on 1, worse on 0, no significant change on 1 of 2 games"
     )
 
 
@@ -586,6 +594,8 @@ def test_a_tiny_suite_evaluates_end_to_end_and_repeats_exactly(trained_run, tmp_
 
     table = first["round_robin"]["kuhn_poker"]
     assert table["steps"] == [1, 2] and len(table["elo"]) == 2
+    for elo, (low, high) in zip(table["elo"], table["elo_ci95"]):
+        assert (low is None or low <= elo) and (high is None or elo <= high)
     assert table["wins"][0][1] + table["wins"][1][0] + table["draws"][0][1] == 6
     assert table["mean_returns"][0][0] is None and -2.0 <= table["mean_returns"][0][1] <= 2.0
     assert [(r["step"], r["game"]) for r in first["exploitability"]] == [(1, "kuhn_poker"), (2, "kuhn_poker")]
@@ -607,6 +617,10 @@ def test_a_tiny_suite_evaluates_end_to_end_and_repeats_exactly(trained_run, tmp_
     assert "| tictactoe | all |" not in report
     assert [c["run"] for c in first["candidates"]] == [str(trained_run)] * 2
     assert "run/step-000002 against run/step-000001: significantly better on" in report
+    assert "**Warning:** Elo from fewer than 30 decided games" in report  # 6 games a pairing
+    printed = capsys.readouterr().out
+    assert "run/step-000002 against run/step-000001: significantly better on" in printed
+    assert "round robin, kuhn_poker: Elo run/step-000001 " in printed and "1 in 20" in printed
 
 
 def test_eval_and_play_print_no_transformers_bars_or_warnings(tiny_model_dir, tmp_path, capsys):
@@ -630,9 +644,10 @@ def test_eval_and_play_print_no_transformers_bars_or_warnings(tiny_model_dir, tm
     assert [str(w.message) for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))] == []
 
 
-def test_a_three_player_game_evaluates_end_to_end_with_paired_comparison(tiny_model_dir, tmp_path):
+def test_a_three_player_game_evaluates_end_to_end_with_paired_comparison(tiny_model_dir, tmp_path, capsys):
     """Two copies of the tiny model meet the same deals in the same seats, so every paired
-    difference is 0; the round robin, which pairs two checkpoints, is left out with its reason."""
+    difference is 0; the round robin, which pairs two checkpoints, is left out with its reason.
+    The terminal shows the summary that opens the report."""
     copy = shutil.copytree(tiny_model_dir, tmp_path / "copy")
     game, out = "openspiel:kuhn_poker(players=3)", tmp_path / "eval"
     argv = ["eval", "--checkpoints", str(tiny_model_dir), str(copy), "--games", game, "--episodes", "3"]
@@ -647,7 +662,7 @@ def test_a_three_player_game_evaluates_end_to_end_with_paired_comparison(tiny_mo
         assert {seat: figures["games"] for seat, figures in row["seats"].items()} == {"0": 1, "1": 1, "2": 1}
     assert first["returns"] == second["returns"] and first["outcomes"] == second["outcomes"]
     (difference,) = results["comparison"]["differences"]
-    assert difference["difference"] == 0.0 and difference["verdict"] == "indistinguishable"
+    assert difference["difference"] == 0.0 and difference["verdict"] == "no significant change"
     assert results["round_robin"] == {}
     assert results["round_robin_skipped"] == [
         {"game": game, "reason": "3 players: the round robin pairs two checkpoints in a two-player game"}
@@ -655,6 +670,13 @@ def test_a_three_player_game_evaluates_end_to_end_with_paired_comparison(tiny_mo
     report = (out / "report.md").read_text()
     assert "| mean return | seat 0 | seat 1 | seat 2 | mbb/hand | win | draw | loss | truncated |" in report
     assert f"No round robin: {game} (3 players" in report
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith(f"{game} vs random, mean return: ")
+    assert printed[1].startswith(f"{copy} against ") and "no significant change on 1 of 1 games" in printed[1]
+    assert printed[2] == f"  {game}: +0.000 no significant change"
+    assert printed[3].startswith("Each verdict is a test at the 5% level")
+    assert printed[-1] == f"Wrote {out / 'report.md'} and {out / 'results.json'}."
+    assert "## Summary\n\n- " + printed[0] in report
 
 
 def test_role_figures_are_averaged_over_the_games_that_have_them_and_compared_game_by_game():
@@ -676,11 +698,12 @@ def test_role_figures_are_averaged_over_the_games_that_have_them_and_compared_ga
                            (1, {"leaked": 1.0}), (1, {"leaked": 1.0, "over_refusal": 0.0})])  # fmt: skip
     new = played("new", [(0, {"attack_success": 1.0}), (0, {"attack_success": 1.0}),
                          (1, {"leaked": 0.0}), (1, {"leaked": 0.0, "over_refusal": 1.0})])  # fmt: skip
-    assert new["role_figures"]["attack_success"] == {"mean": 1.0, "ci95": [1.0, 1.0], "games": 2}
+    assert new["role_figures"]["attack_success"] == {"mean": 1.0, "ci95": None, "games": 2}  # no spread
     assert new["role_figures"]["over_refusal"] == {"mean": 1.0, "ci95": None, "games": 1}
     assert new["role_figure_values"]["leaked"] == [None, None, 0.0, 0.0]
     rows = {r["figure"]: r for r in paired_comparison([base, new], "base")["role_figures"]}
-    assert rows["attack_success"]["difference"] == 1.0 and rows["attack_success"]["verdict"] == "higher"
-    assert rows["leaked"]["difference"] == -1.0 and rows["leaked"]["verdict"] == "lower"
+    # Two games that moved alike say nothing of the spread: no verdict, however large the change.
+    assert rows["attack_success"]["difference"] == 1.0 and rows["attack_success"]["verdict"] == NO_VERDICT
+    assert rows["leaked"]["difference"] == -1.0 and rows["leaked"]["verdict"] == NO_VERDICT
     assert (rows["leaked"]["mean"], rows["leaked"]["baseline_mean"]) == (0.0, 1.0)
-    assert rows["over_refusal"]["games"] == 1 and rows["over_refusal"]["verdict"] == "indistinguishable"
+    assert rows["over_refusal"]["games"] == 1 and rows["over_refusal"]["verdict"] == NO_VERDICT

@@ -37,14 +37,18 @@ def test_payoff_returns_carry_mean_standard_error_and_interval():
     table.add(_match("b", "a", -2.0))  # a wins 2 from the other seat
     returns = table.pair_returns("a", "b")
     # a's returns 1, -1, 0, 2: mean 1/2, sample variance (6 - 4 / 4) / 3 = 5/3, standard error
-    # sqrt(5/3 / 4), and 1.96 of them on each side.
+    # sqrt(5/3 / 4), and Student's t(0.975, 3 degrees of freedom) = 3.182446 of them on each side.
     assert (returns.games, returns.mean, returns.variance) == (4, 0.5, pytest.approx(5 / 3))
     assert returns.standard_error == pytest.approx(math.sqrt(5 / 12))
-    assert returns.interval() == pytest.approx((0.5 - 1.96 * math.sqrt(5 / 12), 0.5 + 1.96 * math.sqrt(5 / 12)))
+    half = 3.182446 * math.sqrt(5 / 12)
+    assert returns.interval() == pytest.approx([0.5 - half, 0.5 + half], abs=1e-6)
     assert table.pair_returns("b", "a").mean == -0.5
     # A game that is not zero-sum counts half the difference of the rewards.
     table.add(_match("a", "c", 3.0, 1.0))
     assert table.pair_returns("a", "c").mean == 1.0 and math.isnan(table.pair_returns("a", "c").standard_error)
+    assert table.pair_returns("a", "c").interval() is None  # one game
+    table.add(_match("a", "c", 3.0, 1.0))
+    assert table.pair_returns("a", "c").interval() is None  # two alike: no spread to measure
     means, errors, games = table.return_matrix(["a", "b", "d"])
     assert means[0, 1] == 0.5 and errors[1, 0] == pytest.approx(math.sqrt(5 / 12)) and games[0, 1] == 4
     assert math.isnan(means[0, 2]) and games[0, 2] == 0 and means[1, 1] == 0

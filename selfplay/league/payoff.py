@@ -9,10 +9,11 @@ Two records per ordered pair of players, each kept per (game, role pairing):
   version of it ever met. Matchmaking (PFSP), the snapshot rule and eviction read these.
 - the returns, undecayed: every game counts once, with the sum and the sum of squares of the
   return (player a's reward less b's, halved: a's reward itself in a two-player zero-sum game),
-  so that an entry carries an interval. `Returns.interval` is mean +- 1.96 standard errors, the
-  standard error being sqrt(s^2 / n) for the unbiased sample variance s^2 of the n returns: a
-  normal-approximation 95% confidence interval for a's expected return against b. The PSRO
-  meta-game reads these; its members are frozen, so every game of theirs counts alike.
+  so that an entry carries an interval. `Returns.interval` is the 95% confidence interval for
+  a's expected return against b that evaluation reports use (`significance.interval_of_mean`):
+  mean +- t * sqrt(s^2 / n), Student's t quantile on n - 1 degrees of freedom and the unbiased
+  sample variance s^2 of the n returns; none under two games or when every return agrees. The
+  PSRO meta-game reads these; its members are frozen, so every game of theirs counts alike.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from selfplay.evaluation.significance import interval_of_mean
 from selfplay.league.records import LeagueMatch
 
 # (game, role of the first player, role of the second)
@@ -86,13 +88,9 @@ class Returns:
     def standard_error(self) -> float:
         return math.sqrt(self.variance / self.games) if self.games >= 2 else float("nan")
 
-    def interval(self) -> tuple[float, float]:
+    def interval(self) -> list[float] | None:
         """The 95% confidence interval of the expected return (see the module)."""
-        half = CONFIDENCE_Z * self.standard_error
-        return self.mean - half, self.mean + half
-
-
-CONFIDENCE_Z = 1.96  # standard errors on each side of a 95% normal-approximation interval
+        return interval_of_mean(self.games, self.mean, self.variance)
 
 
 def pairwise_outcomes(match: LeagueMatch) -> Iterable[tuple[int, int, float]]:
