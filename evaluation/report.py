@@ -78,13 +78,14 @@ def verdict_summary(results: dict) -> list[str]:
     paired comparison with the baseline, per game, and the role figures it changed; the round
     robin's Elo with intervals; the change in exact exploitability; how many verdicts chance makes."""
     lines = []
-    for (game, opponent), rows in groupby(results["matches"], key=lambda r: (r["game"], r["opponent"])):
-        rows = list(rows)
-        figures = [(r["candidate"], *headline(r)[1:]) for r in rows]
-        lines.append(
-            f"{game} vs {opponent}, {headline(rows[0])[0]}: "
-            + ", ".join(f"{name} {_with_interval(value, ci)}" for name, value, ci in figures)
-        )
+    pairings: dict[tuple[str, str], list[dict]] = {}
+    for row in results["matches"]:
+        pairings.setdefault((row["game"], row["opponent"]), []).append(row)
+    for (game, opponent), rows in pairings.items():
+        figure = headline(rows[0])[0]
+        shown = _rate_with_interval if figure == "win rate" else _with_interval
+        cells = [f"{r['candidate']} {shown(*headline(r)[1:])}" for r in rows]
+        lines.append(f"{game} vs {opponent}, {figure}: {', '.join(cells)}")
     comparison = results["comparison"]
     for name, counts in comparison.get("summary", {}).items():
         lines.append(summary_line(name, counts, comparison["baseline"]))
@@ -128,6 +129,10 @@ def _exploitability_changes(results: dict) -> list[str]:
 
 def _with_interval(value: float, ci: list[float] | None) -> str:
     return f"{value:+.3f}" + ("" if ci is None else f" [{ci[0]:+.3f}, {ci[1]:+.3f}]")
+
+
+def _rate_with_interval(value: float, ci: list[float]) -> str:
+    return f"{value:.3f} [{ci[0]:.2f}, {ci[1]:.2f}]"
 
 
 def _elo(rating: float, interval: list[float | None]) -> str:
@@ -462,8 +467,7 @@ def _round_robin(table: dict) -> list[str]:
 
 
 def _rate(row: dict, outcome: str) -> str:
-    low, high = row[f"{outcome}_ci95"]
-    return f"{row[f'{outcome}_rate']:.3f} [{low:.2f}, {high:.2f}]"
+    return _rate_with_interval(row[f"{outcome}_rate"], row[f"{outcome}_ci95"])
 
 
 def _mean(row: dict, name: str, digits: int = 3) -> str:
