@@ -29,7 +29,7 @@ from selfplay.league.records import LeagueMatch, LeaguePlayer
 from selfplay.league.standings import show
 from selfplay.league.store import LeagueStore
 from selfplay.records import MatchResult, Trajectory
-from selfplay.run_dir import RunDir
+from selfplay.run_dir import RunDir, is_adapter
 from selfplay.train import Trainer, train_command
 
 RATES = [0.0, 0.25, 0.5, 0.75, 1.0]
@@ -258,9 +258,10 @@ def test_population_rules_that_need_a_league_are_refused_without_one(tiny_model_
 
 
 @pytest.mark.slow
-def test_league_run_snapshots_resets_exploiters_and_resumes_as_it_was(tiny_model_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("lora_rank", [0, 4])  # the main player's: with LoRA every snapshot is an adapter
+def test_league_run_snapshots_resets_exploiters_and_resumes_as_it_was(tiny_model_dir, tmp_path, monkeypatch, lora_rank):
     unbroken, broken = tmp_path / "unbroken", tmp_path / "broken"
-    common = [*LEAGUE, f"model={tiny_model_dir}"]
+    common = [*LEAGUE, f"learner.lora.rank={lora_rank}", f"model={tiny_model_dir}"]
     train_command(None, [*common, f"run_dir={unbroken}"], resume=None, progress=False)
     with LeagueStore(RunDir(unbroken).league_store) as store:
         players = {p.name: p for p in store.players()}
@@ -276,6 +277,10 @@ def test_league_run_snapshots_resets_exploiters_and_resumes_as_it_was(tiny_model
     active = [p.name for p in players.values() if p.kind == "snapshot" and p.active]
     assert len(active) == 3 and {f"{name}@000002" for name in learners} == set(active)
     assert all((unbroken / p.weights).exists() for p in players.values() if p.kind == "snapshot")
+    # A LoRA learner's snapshots are its adapters: the exploiters' always here, the main player's with LoRA.
+    snapshots = [p for p in players.values() if p.kind == "snapshot"]
+    adapters = {p.name for p in snapshots if is_adapter(unbroken / p.weights)}
+    assert adapters == {p.name for p in snapshots if lora_rank or p.parent != "main"}
     assert {m.step for m in matches} == {1, 2, 3} and len(matches) == 3 * 6 * 3  # three learners, 6 games each
     assert all(m.versions[m.players.index(p)] == 2 for m in matches for p in m.players if p.endswith("@000002"))
 
@@ -306,6 +311,8 @@ def test_league_run_snapshots_resets_exploiters_and_resumes_as_it_was(tiny_model
     resumed, whole = _files(RunDir(broken).checkpoints), _files(RunDir(unbroken).checkpoints)
     assert sorted(resumed) == sorted(whole)
     assert [name for name in whole if resumed[name] != whole[name]] == []
+    # And every snapshot's weights.
+    assert _files(broken / "league") == _files(unbroken / "league")
     assert "step-000003/exploiters/main_exploiter_0/adapter/adapter_model.safetensors" in whole
 
 

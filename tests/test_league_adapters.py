@@ -43,12 +43,6 @@ def _trained(learner: Learner, seed: int) -> Learner:
     return learner
 
 
-def _merged_backend(base, adapter) -> HFBackend:
-    backend = HFBackend(str(base))
-    backend.load_state(merged_adapter_weights(base, adapter), version=0)
-    return backend
-
-
 def test_a_snapshot_served_as_an_adapter_has_the_merged_models_exact_move_probabilities(tmp_path):
     base = resolve_model("default")
     main = Learner(base, LORA, seed=0)
@@ -121,21 +115,24 @@ def test_more_snapshots_than_resident_adapters_each_play_with_their_own_weights(
     played = [turn for trajectory in trajectories for turn in trajectory.turns if turn.agent in SNAPSHOTS]
     assert {turn.agent for turn in played} == set(SNAPSHOTS)
     assert len(roster.adapters.resident) == 2 and sorted(set(loads)) == SNAPSHOTS  # one was unloaded
-    merged = {name: _merged_backend(tiny_model_dir, roster.snapshot_weights(name)).model for name in SNAPSHOTS}
-    for turn in played:
-        model = merged[turn.agent]
-        mask = allowed_mask([turn.response_ids], [turn.choices], vocab_size(model)) if turn.choices else None
-        with torch.no_grad():
-            (expected,) = response_logprobs(model, [turn.prompt_ids], [turn.response_ids], 1.0, mask)
-        assert turn.logprobs == pytest.approx(expected.tolist(), abs=1e-4)
-    # An exact probe reads an unloaded snapshot with its own adapter, too.
+    # Each turn a snapshot played has the log-probabilities of its weights merged into a whole model,
+    # and an exact probe reads an unloaded snapshot with its own adapter too (loaded again from disk).
     evicted = next(name for name in SNAPSHOTS if name not in roster.adapters.resident)
     loaded = loads.count(evicted)
     probed = roster.snapshot_policy(evicted, "kuhn_poker")
-    assert loads.count(evicted) == loaded + 1 and evicted in roster.adapters.resident  # loaded again from disk
-    exact = move_probabilities(merged[evicted], main.tokenizer, "kuhn_poker", trainer.rollout_settings)
-    assert max(abs(p - exact[state][move]) for state, moves in probed.items() for move, p in moves.items()) < 1e-4
-
+    assert loads.count(evicted) == loaded + 1 and evicted in roster.adapters.resident
+    whole = HFBackend(str(tiny_model_dir))
+    for name in SNAPSHOTS:
+        whole.load_state(merged_adapter_weights(tiny_model_dir, roster.snapshot_weights(name)), version=0)
+        for turn in (turn for turn in played if turn.agent == name):
+            mask = allowed_mask([turn.response_ids], [turn.choices], vocab_size(whole.model))
+            with torch.no_grad():
+                (expected,) = response_logprobs(whole.model, [turn.prompt_ids], [turn.response_ids], 1.0, mask)
+            assert turn.logprobs == pytest.approx(expected.tolist(), abs=1e-4)
+        if name == evicted:
+            exact = move_probabilities(whole.model, main.tokenizer, "kuhn_poker", trainer.rollout_settings)
+            gaps = [abs(p - exact[state][move]) for state, moves in probed.items() for move, p in moves.items()]
+            assert max(gaps) < 1e-4
     # The learner's own adapter stays the one active and trained: an update moves it alone.
     assert main.model.active_adapters == [TRAINED_ADAPTER] and main.model.training
     assert {name for name, p in main.model.named_parameters() if p.requires_grad} == trainable
@@ -152,6 +149,14 @@ def test_more_snapshots_than_resident_adapters_each_play_with_their_own_weights(
     roster.retire([resident])
     assert resident not in roster.adapters.resident and resident not in main.model.peft_config
 
+    # Taken again (a resumed run replays a step its run stopped in before recording it), a snapshot
+    # replaces the adapter left there, whole.
+    leftover = roster.snapshot_weights("main@000002")
+    before = _adapter_tensors(leftover)
+    _trained(main, 3)
+    assert roster.freeze(MAIN, "main@000002") == str(leftover.relative_to(tmp_path))
+    assert not any(torch.equal(old, new) for old, new in zip(before, _adapter_tensors(leftover)))
+    assert sorted(p.name for p in leftover.parent.iterdir()) == SNAPSHOTS  # no scratch directory left
     trainer.close()
 
 
