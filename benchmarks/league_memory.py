@@ -1,11 +1,14 @@
-"""Memory per league member: the tensors each frozen snapshot and each exploiter adds to a run.
+"""Memory per league member: the tensors each frozen snapshot and each exploiter adds to a run,
+and what a snapshot costs on disk.
 
 Counts the bytes of distinct tensor storages (weights, buffers, and AdamW's two moments per
-trainable weight), so shared tensors count once: a frozen snapshot (a transformers backend
-with its own copy of the weights, as the trainer serves them), a LoRA exploiter on the shared
-frozen base (generating with its learner's own model), and an exploiter with its own weights
-and its own generation copy, which is what sharing saves. Activations and the KV cache come
-on top and depend on the batch.
+trainable weight), so shared tensors count once: a full learner's frozen snapshot (a
+transformers backend with its own copy of the weights), a LoRA learner's (its adapter, resident
+over the main learner's own model: `AdapterPool`), a LoRA exploiter on the shared frozen base
+(generating with its learner's own model), and an exploiter with its own weights and its own
+generation copy, which is what sharing saves. On disk: a full snapshot's safetensors file against
+a LoRA learner's adapter directory. Activations and the KV cache come on top and depend on the
+batch.
 
     python benchmarks/league_memory.py [--model default] [--rank 8]
 """
@@ -13,11 +16,14 @@ on top and depend on the batch.
 from __future__ import annotations
 
 import argparse
+import tempfile
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
 
 from selfplay.backends import make_backend
+from selfplay.backends.hf_backend import AdapterPool
 from selfplay.config import LearnerConfig, LoraConfig
 from selfplay.default_model import resolve_model
 from selfplay.learner import Learner
@@ -50,10 +56,27 @@ def main() -> None:
     lora = sum(added.values()) + optimizer_bytes(shared.model)
     alone = Learner(path, config)
     own = sum(storages(alone.model).values()) + optimizer_bytes(alone.model) + snapshot
+    with tempfile.TemporaryDirectory() as scratch:
+        full_file = alone.export_weights(Path(scratch) / "full.safetensors")
+        adapter_dir = alone.export_adapter(Path(scratch) / "adapter")
+        on_disk = full_file.stat().st_size, sum(f.stat().st_size for f in adapter_dir.iterdir())
+        held = storages(shared.model)
+        with AdapterPool(shared.model, capacity=1).selected("snapshot", adapter_dir):
+            adapter = sum(v for k, v in storages(shared.model).items() if k not in held)
     print(f"model {args.model}: {weights / mib:.2f} MiB of fp32 weights")
-    print(f"frozen snapshot (its own copy in an hf backend)   {snapshot / mib:8.2f} MiB  ({snapshot / weights:.3f}x)")
-    print(f"LoRA exploiter rank {args.rank}, shared base and model   {lora / mib:8.2f} MiB  ({lora / weights:.3f}x)")
-    print(f"LoRA exploiter with its own base and backend copy {own / mib:8.2f} MiB  ({own / weights:.3f}x)")
+    rows = {
+        "full snapshot (its own copy in an hf backend)": snapshot,
+        f"LoRA snapshot rank {args.rank} (an adapter over the learner)": adapter,
+        f"LoRA exploiter rank {args.rank}, shared base and model": lora,
+        "LoRA exploiter with its own base and backend copy": own,
+    }
+    for label, size in rows.items():
+        print(f"{label:<52}{size / mib:8.2f} MiB  ({size / weights:.4f}x)")
+    full_disk, adapter_disk = on_disk
+    print(
+        f"on disk: full snapshot {full_disk / mib:.2f} MiB, adapter snapshot {adapter_disk / mib:.3f} MiB "
+        f"({adapter_disk / full_disk:.2%} of the full one)"
+    )
 
 
 if __name__ == "__main__":
