@@ -7,9 +7,9 @@ Intervals are 95%:
   trial a success;
 - a mean: mean +- t * s / sqrt(n), with the sample standard deviation s and Student's t
   quantile on n - 1 degrees of freedom (the normal quantile is too narrow at the 8-32 games of an
-  evaluation: at n = 8 its "95%" interval holds the true mean 83% of the time). None from fewer
-  than two values, or from values that all agree: an interval of no width would claim a
-  certainty that a handful of alike games cannot give.
+  evaluation: at n = 8 its "95%" interval holds the true mean of normal values 92% of the time,
+  and less for skewed scores). None from fewer than two values, or from values that all agree:
+  an interval of no width would claim a certainty that a handful of alike games cannot give.
 
 A sampled figure (from games played) is called better or worse only when the 95% interval of
 its *difference* leaves out 0, "no significant change" otherwise, and "no verdict" when that
