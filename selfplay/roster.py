@@ -216,6 +216,12 @@ class Roster:
                 f"The weights of league player '{name}' are missing ({weights}). The run directory is "
                 "incomplete: restore the file, or start a new run."
             )
+        if self.workers is not None and is_adapter(weights):
+            raise UserError(
+                f"League player '{name}' is a LoRA adapter ({weights}), written by this run without rollout "
+                "workers, and rollout workers load whole snapshots only: resume it without "
+                "distributed.rollout_workers, or start a new run with them."
+            )
         return weights
 
     def frozen_backend(self, name: str) -> PolicyBackend:

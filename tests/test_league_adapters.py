@@ -19,6 +19,7 @@ from selfplay.backends.hf_backend import (
 )
 from selfplay.config import LearnerConfig, LoraConfig, load_config
 from selfplay.default_model import resolve_model
+from selfplay.errors import UserError
 from selfplay.evaluation.exploitability import move_probabilities
 from selfplay.league.matchmaking import MAIN
 from selfplay.learner import TRAINED_ADAPTER, Learner, Sample
@@ -98,6 +99,10 @@ def test_more_snapshots_than_resident_adapters_each_play_with_their_own_weights(
         league.record_step(step, [], {MAIN: step}, roster.freeze)
     assert [p.name for p in league.snapshots()] == SNAPSHOTS
     assert all(is_adapter(roster.snapshot_weights(name)) for name in SNAPSHOTS)
+    monkeypatch.setattr(roster, "workers", object())  # a run resumed with rollout workers, which load whole weights
+    with pytest.raises(UserError, match="is a LoRA adapter .* resume it without distributed.rollout_workers"):
+        roster.snapshot_weights(SNAPSHOTS[1])
+    monkeypatch.undo()
     # The initial snapshot is the untrained adapter: the initial policy.
     assert all(torch.equal(t, torch.zeros_like(t)) for t in _adapter_tensors(roster.snapshot_weights(SNAPSHOTS[0])))
 
