@@ -33,6 +33,7 @@ import sys
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated
@@ -54,7 +55,7 @@ from selfplay.evaluation.significance import mean_interval, wilson_interval
 from selfplay.games import make_game
 from selfplay.model_specs import STYLE_SETTINGS, ModelSpec, checkpoint_model, model_spec, style_of
 from selfplay.records import Trajectory
-from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
+from selfplay.rollouts import MatchSpec, Player, RolloutEngine, RolloutSettings
 from selfplay.run_dir import RunDir
 
 POLICY = "policy"  # the label of the evaluated model in its games against fixed opponents
@@ -153,7 +154,7 @@ def outcome_stats(trajectories: Iterable[Trajectory], label: str, kind: GameKind
         seat = result.players.index(label)
         others = [r for s, r in enumerate(result.rewards) if s != seat]
         games.append((seat, result.rewards[seat], sum(others) / len(others), game_outcome(result, seat)))
-    turns, invalid, tokens = _turn_counts(trajectories, label)
+    turns, invalid, tokens = turn_counts(trajectories, label)
     seats = sorted({seat for seat, *_ in games})
     role_figures = [
         dict(t.result.figures[t.result.players.index(label)]) if t.result.figures else {} for t in trajectories
@@ -183,7 +184,7 @@ def _figure_mean(per_game: Sequence[float | None]) -> dict:
     return {"mean": mean, "ci95": ci, "games": len(present)}
 
 
-def _turn_counts(trajectories: Sequence[Trajectory], label: str) -> tuple[int, int, int]:
+def turn_counts(trajectories: Sequence[Trajectory], label: str) -> tuple[int, int, int]:
     """The turns `label` took in `trajectories`: how many, how many were invalid, and their
     response tokens. (Only language models' turns are recorded.)"""
     mine = [turn for trajectory in trajectories for turn in trajectory.turns if turn.agent == label]
@@ -261,7 +262,7 @@ def play_opponents(
     episodes: int,
     seed: int,
     rollout: RolloutSettings,
-    on_game: Callable[[], None] = lambda: None,
+    on_game: Callable[[Trajectory, Mapping[str, Player]], None] = lambda trajectory, players: None,
     models: Mapping[str, PolicyBackend] = MappingProxyType({}),
     styles: Mapping[str, RolloutSettings] = MappingProxyType({}),
 ) -> list[dict]:
@@ -270,7 +271,8 @@ def play_opponents(
     (`pairing_matches`); one row of `outcome_stats` per (game, opponent), its games in the order
     of their seeds (`match_seeds`), the same deals and seats for every policy. An opponent in
     `models` is that backend, asked and sampled as `styles` says, and its row has its own
-    invalid-move rate too. `on_game` is called as each game finishes.
+    invalid-move rate too. `on_game` is given each game's trajectory as it ends, with the players
+    by label (the policy's is POLICY).
 
     Each pairing runs in a rollout engine of its own: a batch shares one sampling seed, so
     games sharing batches share their luck, and one pairing's figures stay the same whatever
@@ -284,14 +286,14 @@ def play_opponents(
             matches = pairing_matches(game, POLICY, opponent, seeds, twin.num_players)
             order = {(m.seed, m.players): i for i, m in enumerate(matches)}
             trajectories = []
-            engine = RolloutEngine({POLICY: policy, opponent: models.get(opponent, opponent)}, rollout, styles)
-            for trajectory in engine.run(matches):
+            players = {POLICY: policy, opponent: models.get(opponent, opponent)}
+            for trajectory in RolloutEngine(players, rollout, styles).run(matches):
                 trajectories.append(trajectory)
-                on_game()
+                on_game(trajectory, players)
             trajectories.sort(key=lambda t: order[t.result.seed, t.result.players])
             row = {"game": game, "opponent": opponent, **outcome_stats(trajectories, POLICY, GameKind.of(twin))}
             if opponent in models:
-                turns, invalid, _ = _turn_counts(trajectories, opponent)
+                turns, invalid, _ = turn_counts(trajectories, opponent)
                 row["opponent_invalid_move_rate"] = invalid / turns if turns else 0.0
             rows.append(row)
     return rows
@@ -300,11 +302,22 @@ def play_opponents(
 # -- the whole evaluation -------------------------------------------------------------------------
 
 
-def evaluate(candidates: Sequence[ModelSpec], settings: EvalSettings, progress: bool = True) -> dict:
+class EvalInterrupted(KeyboardInterrupt):
+    """An interrupt stopped an evaluation before its end; the message says how far it had come."""
+
+
+def evaluate(
+    candidates: Sequence[ModelSpec],
+    settings: EvalSettings,
+    progress: bool = True,
+    on_game: Callable[[Trajectory, Mapping[str, Player], Mapping[str, str]], None] = lambda *game: None,
+) -> dict:
     """Every figure of the evaluation, as plain data (what `results.json` holds): each
     candidate against each fixed opponent (`play_opponents`), each one's paired differences
     from the baseline (`paired_comparison`), the round robin and exploitability; and how each
-    model, candidate or opponent, was asked and sampled (`ModelSpec.played_with`)."""
+    model, candidate or opponent, was asked and sampled (`ModelSpec.played_with`). `on_game` is
+    given each game's trajectory as it ends, with the players by label and the names that labels
+    stand for (POLICY: the candidate's). An interrupt raises EvalInterrupted."""
 
     if not candidates:
         raise UserError("Nothing to evaluate: give --checkpoints (run directories, checkpoints or models).")
@@ -348,40 +361,54 @@ def evaluate(candidates: Sequence[ModelSpec], settings: EvalSettings, progress: 
     }
     models = {}  # the model opponents, loaded once for every candidate
     bar = tqdm(total=work.games, desc="eval", unit="game", disable=not progress)
+    played_games, evaluated = 0, []  # games played; the candidates that have played every opponent
+
+    def finished(
+        trajectory: Trajectory, players: Mapping[str, Player], names: Mapping[str, str] = MappingProxyType({})
+    ) -> None:
+        nonlocal played_games
+        played_games += 1
+        bar.update(1)
+        on_game(trajectory, players, names)
+
     try:
-        for spec, model in plan.models.items():
-            models[spec] = model.policy(settings.backend)
-        for candidate in candidates:
-            bar.set_postfix_str(candidate.name)
-            policy = candidate.policy(settings.backend)
-            bar.unpause()  # the time a model takes to load is no game's: left out of the bar's estimate
-            try:
-                rows = play_opponents(
-                    policy,
-                    plan.games,
-                    settings.episodes,
-                    settings.seed,
-                    played[candidate.name],
-                    on_game=lambda: bar.update(1),
-                    models=models,
-                    styles=styles,
-                )
-            finally:
+        try:
+            for spec, model in plan.models.items():
+                models[spec] = model.policy(settings.backend)
+            for candidate in candidates:
+                bar.set_postfix_str(candidate.name)
+                policy = candidate.policy(settings.backend)
+                bar.unpause()  # the time a model takes to load is no game's: left out of the bar's estimate
+                try:
+                    rows = play_opponents(
+                        policy,
+                        plan.games,
+                        settings.episodes,
+                        settings.seed,
+                        played[candidate.name],
+                        on_game=partial(finished, names={POLICY: candidate.name}),
+                        models=models,
+                        styles=styles,
+                    )
+                finally:
+                    policy.close()
+                results["matches"] += [{"candidate": candidate.name, "step": candidate.step, **row} for row in rows]
+                evaluated.append(candidate.name)
+            if len(candidates) > 1:
+                results["comparison"] = paired_comparison(results["matches"], baseline)
+            if pairs and duels:
+                bar.set_postfix_str("round robin")
+                results["round_robin"] = round_robin(candidates, duels, settings, played, on_game=finished)
+        finally:
+            bar.close()
+            for policy in models.values():
                 policy.close()
-            results["matches"] += [{"candidate": candidate.name, "step": candidate.step, **row} for row in rows]
-        if len(candidates) > 1:
-            results["comparison"] = paired_comparison(results["matches"], baseline)
-        if pairs and duels:
-            bar.set_postfix_str("round robin")
-            results["round_robin"] = round_robin(candidates, duels, settings, played, on_game=lambda: bar.update(1))
-    finally:
-        bar.close()
-        for policy in models.values():
-            policy.close()
-    if settings.exploitability:
-        results["exploitability"] = exploitabilities(
-            candidates, [g for g in settings.games if g in SUPPORTED_GAMES], played
-        )
+        if settings.exploitability:
+            results["exploitability"] = exploitabilities(
+                candidates, [g for g in settings.games if g in SUPPORTED_GAMES], played
+            )
+    except KeyboardInterrupt:
+        raise EvalInterrupted(work.stopped(played_games, evaluated)) from None
     return results
 
 
@@ -407,6 +434,16 @@ class Workload:
         if self.quick:
             return line + " (--quick)."
         return line + (f"; --quick plays {QUICK_EPISODES} games a pairing." if self.episodes > QUICK_EPISODES else ".")
+
+    def stopped(self, played: int, evaluated: Sequence[str]) -> str:
+        """What an evaluation stopped after `played` games had done: `evaluated` are the
+        checkpoints that had played every opponent."""
+        line = f"the evaluation stopped after {played} of {self.games} games"
+        if evaluated:
+            line += f", {', '.join(evaluated)} having played every opponent"
+        if played == self.games:
+            line += " (every game: it was computing exact exploitability)"
+        return line + ". It wrote nothing: an unfinished evaluation has no report; run it again for one."
 
 
 def _model_entry(label: str, model: ModelSpec, played: RolloutSettings) -> dict:
@@ -442,13 +479,14 @@ def round_robin(
     games: Sequence[str],
     settings: EvalSettings,
     played: Mapping[str, RolloutSettings],
-    on_game: Callable[[], None],
+    on_game: Callable[[Trajectory, Mapping[str, Player]], None],
 ) -> dict:
     """Every pair of candidates plays `episodes` games of each two-player game, alternating seats,
     each candidate asked and sampled as `played` says by its name; per game, the mean return
     matrix (`mean_returns[i][j]`: i's mean return against j, None on the diagonal), the matrices
     of games played, won and drawn (a truncated game is played, but neither won nor drawn), the
-    Elo ratings OpenSpiel fits to them and their 95% intervals."""
+    Elo ratings OpenSpiel fits to them and their 95% intervals. `on_game` is given each game's
+    trajectory as it ends, with the players by label (each candidate's name)."""
 
     labels = [c.name for c in candidates]
     index = {label: i for i, label in enumerate(labels)}
@@ -483,7 +521,7 @@ def round_robin(
             elif outcome == "draws":
                 draws[result.game][a, b] += 1
                 draws[result.game][b, a] += 1
-            on_game()
+            on_game(trajectory, players)
     finally:
         for policy in players.values():
             policy.close()

@@ -25,6 +25,9 @@ from selfplay.evaluation.significance import (
     WORSE,
     exact_verdict,
 )
+from selfplay.files import published, replace_text
+from selfplay.games import make_game
+from selfplay.games.base import declares_answer_grammar
 
 RESULTS_FILE = "results.json"
 REPORT_FILE = "report.md"
@@ -38,38 +41,69 @@ QUICK_NOTE = (
     f" **A quick evaluation** (`--quick`, {QUICK_EPISODES} games per pairing): its intervals are wide, and a "
     "difference it finds not significant may show with more games (`--episodes`)."
 )
-ALARM_ADVICE = (
-    f"more than {INVALID_MOVE_ALARM:.0%} of a model's moves were invalid in the pairings below, whose figures then "
-    "measure its answers' format more than its play: check that each model is asked as it was trained (--decoding, "
-    "--prompt, --max-new-tokens; a model from a run, an exported one and the built-in default are asked as they "
-    "record unless an option says otherwise)."
+FORMAT_HELP = (
+    "A model that has not learnt the answer format can be held to it: --decoding legal lets it write only a legal "
+    "move (in a game that lists its moves), --decoding structured only an answer of the form the game declares (in "
+    "a free-text game too); in training, rollout.format_credit rewards a well-formed answer on the way to valid moves."
 )
 
 
+def alarm_advice(where: str) -> str:
+    """What the alarms of `invalid_move_alarm` in `where` ("the pairings below") mean, and the settings that help."""
+    return (
+        f"more than {INVALID_MOVE_ALARM:.0%} of a model's moves were invalid in {where}, whose figures then measure "
+        "its answers' format more than its play: check that each model is asked as it was trained (--decoding, "
+        "--prompt, --max-new-tokens; a model from a run, an exported one and the built-in default are asked as they "
+        f"record unless an option says otherwise). {FORMAT_HELP}"
+    )
+
+
+ALARM_ADVICE = alarm_advice("the pairings below")
+
+
 def write_report(results: dict, out_dir: str | Path) -> Path:
-    """Write the JSON, the plots and the Markdown report to `out_dir`; returns the report's path."""
+    """Write the JSON, the plots and the Markdown report to `out_dir`, each file whole or not at
+    all (`replace_text`, `published`: an interrupt leaves no half-written one); returns the
+    report's path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / RESULTS_FILE).write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    replace_text(out / RESULTS_FILE, json.dumps(results, indent=1, sort_keys=True) + "\n", "the evaluation's results")
     plots = _plots(results, out)
     report = out / REPORT_FILE
-    report.write_text(_markdown(results, plots))
+    replace_text(report, _markdown(results, plots), "the evaluation report")
     return report
 
 
 def invalid_move_alarms(results: dict) -> list[str]:
     """One line for each pairing in which a model, the candidate or a model opponent, made more
-    than INVALID_MOVE_ALARM invalid moves: who, where, how many, and how it was asked and sampled."""
+    than INVALID_MOVE_ALARM invalid moves (`invalid_move_alarm`)."""
     styles = {m["name"]: m["played_with"] for m in [*results["candidates"], *results["model_opponents"]]}
     alarms = []
     for row in results["matches"]:
         rates = {row["candidate"]: row["invalid_move_rate"], row["opponent"]: row.get("opponent_invalid_move_rate")}
+        pairing = f"{row['game']}, {row['candidate']} against {row['opponent']}"
         for name, rate in rates.items():
-            if rate is not None and rate > INVALID_MOVE_ALARM:
-                asked = ", ".join(f"{setting} {value}" for setting, value in styles[name].items())
-                pairing = f"{row['game']}, {row['candidate']} against {row['opponent']}"
-                alarms.append(f"{pairing}: {name} made {rate:.0%} invalid moves, asked with {asked}")
+            alarm = None if rate is None else invalid_move_alarm(row["game"], pairing, name, rate, styles[name])
+            alarms += [alarm] if alarm else []
     return alarms
+
+
+def invalid_move_alarm(game: str, where: str, name: str, rate: float, played_with: dict) -> str | None:
+    """The line that flags `name`'s moves in `where` (games of `game`) when more than
+    INVALID_MOVE_ALARM of them, `rate`, were invalid: who, where, how many, how it was asked and
+    sampled, and the decoding that would keep it to valid answers in this game, if it played
+    freely; None at a lower rate."""
+    if rate <= INVALID_MOVE_ALARM:
+        return None
+    asked = ", ".join(f"{setting} {value}" for setting, value in played_with.items())
+    alarm = f"{where}: {name} made {rate:.0%} invalid moves, asked with {asked}"
+    if played_with["decoding"] == "free":
+        twin = make_game(game)
+        if twin.lists_every_move:
+            alarm += " (--decoding legal writes only legal moves in this game)"
+        elif declares_answer_grammar(twin):
+            alarm += " (--decoding structured writes only answers of this game's form)"
+    return alarm
 
 
 def verdict_summary(results: dict) -> list[str]:
@@ -259,7 +293,8 @@ def _plots(results: dict, out: Path) -> list[tuple[str, str]]:
 
 def _save(fig, path: Path, caption: str) -> tuple[str, str]:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with published(path, "a plot") as partial:
+        fig.savefig(partial, dpi=110, format="png")
     import matplotlib.pyplot as plt
 
     plt.close(fig)

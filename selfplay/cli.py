@@ -6,9 +6,10 @@ import argparse
 import dataclasses
 import json
 import math
+import signal
 import sys
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from selfplay.backends import BACKENDS
@@ -20,11 +21,14 @@ from selfplay.evaluation.report import INVALID_MOVE_ALARM, QUICK_EPISODES
 from selfplay.evaluation.scoreboard import format_table, tally, truncation_warning
 from selfplay.games import describe_games
 from selfplay.games.registry import ENTRY_POINT_GROUP, is_cooperative
-from selfplay.match import agents_help, play_series
-from selfplay.model_specs import STYLE_SETTINGS
+from selfplay.match import Lineup, agents_help, play_series
+from selfplay.model_specs import STYLE_SETTINGS, style_of
 from selfplay.prompts import PROMPT_STYLES
-from selfplay.rollouts import RolloutSettings
+from selfplay.records import Trajectory
+from selfplay.rollouts import Player, RolloutSettings
 from selfplay.run_dir import RunDir
+from selfplay.stopping import exit_code, stop_signals
+from selfplay.transcripts import format_transcript, transcript, transcript_file
 
 PLAY_MAX_NEW_TOKENS = 64  # `play`'s token limit per model turn where nothing else sets it
 # A model from a run is asked and sampled as its run was, unless one of these options says otherwise.
@@ -40,20 +44,51 @@ PROMPT_HELP = (
 
 
 def _cmd_play(args: argparse.Namespace) -> int:
+    from selfplay.evaluation.evaluate import turn_counts
+    from selfplay.evaluation.report import alarm_advice, invalid_move_alarm
+
     specs = [s.strip() for s in args.agents.split(",") if s.strip()]
     rollout, given = _rollout(args, max_new_tokens=PLAY_MAX_NEW_TOKENS)
+    _check_transcript_path(args.transcripts)
     _quiet_transformers()
-    results = play_series(
-        args.game,
-        specs,
-        args.episodes,
-        args.seed,
-        rollout=rollout,
-        fixed_style=given,
-        backend=args.backend,
-        # A progress bar would interleave with a human player's prompts.
-        progress=not args.no_progress and not any(spec.startswith("human") for spec in specs),
-    )
+    played: list[Trajectory] = []
+    transcripts: list[dict] = []
+    styles: dict[str, RolloutSettings] = {}  # how each model played
+    try:
+        with transcript_file(args.transcripts) as save:
+
+            def on_game(trajectory: Trajectory, lineup: Lineup) -> None:
+                played.append(trajectory)
+                styles.update(lineup.styles)
+                if save is not None or args.show:
+                    transcripts.append(transcript(trajectory, lineup.players, prompts=args.transcript_prompts))
+                    if save is not None:
+                        save(transcripts[-1])
+
+            results = play_series(
+                args.game,
+                specs,
+                args.episodes,
+                args.seed,
+                rollout=rollout,
+                fixed_style=given,
+                backend=args.backend,
+                # A progress bar would interleave with a human player's prompts.
+                progress=not args.no_progress and not any(spec.startswith("human") for spec in specs),
+                on_game=on_game,
+            )
+    except KeyboardInterrupt:
+        unsaved = f"; {args.transcripts} was not written" if args.transcripts else ""
+        raise KeyboardInterrupt(f"play stopped after {len(played)} of {args.episodes} games{unsaved}.") from None
+    if args.show:
+        print("\n\n".join(map(format_transcript, transcripts)), end="\n\n")
+    alarms = []
+    for label, style in styles.items():
+        turns, invalid, _ = turn_counts(played, label)
+        alarm = invalid_move_alarm(args.game, args.game, label, invalid / (turns or 1), style_of(style))
+        alarms += [alarm] if alarm else []
+    if alarms:
+        _warn("\n".join([f"warning: {alarm_advice('the games below')}", *(f"  {alarm}" for alarm in alarms)]))
     records = tally(results)
     truncated = sum(r.end_reason == "turn_cap" for r in results)
     _warn(truncation_warning(truncated, len(results), "--max-turns"))
@@ -115,6 +150,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if args.quick and args.episodes:
         raise UserError(f"--quick plays {QUICK_EPISODES} games a pairing and --episodes {args.episodes}: give one.")
     rollout, given = _rollout(args)
+    _check_transcript_path(args.transcripts)
     settings = EvalSettings(
         games=tuple(games),
         opponents=tuple(o.strip() for o in opponents.split(",") if o.strip()),
@@ -131,7 +167,13 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     _quiet_transformers()
     candidates = find_candidates(args.checkpoints)
     _make_output_dir(args.out, "--out")  # before the evaluation, which a report that cannot be written would lose
-    results = evaluate(candidates, settings, progress=not args.no_progress)
+    with transcript_file(args.transcripts) as save:
+
+        def on_game(trajectory: Trajectory, players: Mapping[str, Player], names: Mapping[str, str]) -> None:
+            if save is not None:
+                save(transcript(trajectory, players, names, prompts=args.transcript_prompts))
+
+        results = evaluate(candidates, settings, progress=not args.no_progress, on_game=on_game)
     rows = results["matches"]
     _warn(truncation_warning(sum(r["truncated"] for r in rows), sum(r["games"] for r in rows), "--max-turns"))
     alarms = invalid_move_alarms(results)
@@ -216,6 +258,17 @@ def _rollout(args: argparse.Namespace, **defaults) -> tuple[RolloutSettings, fro
     return settings, frozenset(given) & frozenset(STYLE_SETTINGS)
 
 
+def _check_transcript_path(path: str | None) -> None:
+    """Refuse a --transcripts path that names a directory, and make its directory: up front, as
+    the transcripts are written as the games end."""
+    if path is None:
+        return
+    if Path(path).is_dir():
+        example = Path(path) / "games.jsonl"
+        raise UserError(f"--transcripts {path} is a directory: give a file to write, e.g. {example}.")
+    _make_output_dir(str(Path(path).parent), "--transcripts")
+
+
 def _make_output_dir(path: str, option: str) -> None:
     try:
         Path(path).mkdir(parents=True, exist_ok=True)
@@ -274,6 +327,19 @@ def _add_style_options(command: argparse.ArgumentParser, max_new_tokens: int) ->
     )
 
 
+def _add_transcript_options(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--transcripts",
+        metavar="PATH",
+        help="write each game's transcript to PATH, a JSON object a line: the game, seed and players by seat, and "
+        "every model turn (seat, agent, the text written, the answer read from it or why it was invalid); written "
+        "whole when the command ends, not at all if it is stopped",
+    )
+    command.add_argument(
+        "--transcript-prompts", action="store_true", help="put each turn's prompt (what the model saw) in transcripts"
+    )
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, reporting a usage error in one line, as every other error is reported."""
 
@@ -311,7 +377,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--backend", choices=BACKENDS, default="hf", help="generation backend for model agents (default hf)"
     )
     _add_style_options(play, max_new_tokens=PLAY_MAX_NEW_TOKENS)
-    play.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    shown = play.add_mutually_exclusive_group()
+    shown.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    shown.add_argument(
+        "--show",
+        action="store_true",
+        help="print each game's transcript before the table: what each model wrote, turn by turn, and how it was read",
+    )
+    _add_transcript_options(play)
     play.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     play.set_defaults(run=_cmd_play)
 
@@ -387,6 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluation.add_argument("--no-round-robin", action="store_true", help="skip the round robin between checkpoints")
     evaluation.add_argument("--no-exploitability", action="store_true", help="skip exact exploitability")
+    _add_transcript_options(evaluation)
     evaluation.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     evaluation.set_defaults(run=_cmd_eval)
 
@@ -439,14 +513,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command != "train" or any(word.startswith("-") for word in unparsed):
             parser.error(f"unrecognized arguments: {' '.join(unparsed)}")
         args.overrides = [*args.overrides, *unparsed]
+    received: list[signal.Signals] = []
     try:
-        return args.run(args)
+        with stop_signals() as received:
+            return args.run(args)
     except UserError as err:
         print("selfplay: error:", *str(err).splitlines(), file=sys.stderr)  # one line, however it was written
         return 2
-    except KeyboardInterrupt as err:  # Ctrl-C: the command cleaned up as it stopped; a run says how to go on
-        print("selfplay: interrupted" + (f": {err}" if str(err) else ""), file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: the command cleaned up as it stopped and says where
+        how = f"stopped by {received[0].name}" if received and received[0] != signal.SIGINT else "interrupted"
+        print(f"selfplay: {how}" + (f": {err}" if str(err) else ""), file=sys.stderr)
+        return exit_code(received)
 
 
 if __name__ == "__main__":

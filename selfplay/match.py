@@ -7,8 +7,8 @@ through the rollout engine, so model turns of concurrent games are generated in 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 from tqdm import tqdm
@@ -19,7 +19,7 @@ from selfplay.default_model import MODEL_SPECS_HELP
 from selfplay.errors import UserError
 from selfplay.games import make_game
 from selfplay.model_specs import STYLE_SETTINGS, ModelSpec, model_spec
-from selfplay.records import MatchResult
+from selfplay.records import MatchResult, Trajectory
 from selfplay.rollouts import MatchSpec, Player, RolloutEngine, RolloutSettings
 
 MODEL_PREFIX = "model:"
@@ -61,31 +61,38 @@ def agent_labels(specs: Sequence[str]) -> list[str]:
     return labels
 
 
+@dataclass(frozen=True)
+class Lineup:
+    """Who plays a series: the players by label, and how each model among them is asked and sampled."""
+
+    players: dict[str, Player]
+    styles: dict[str, RolloutSettings]  # by the label of each model player
+
+
 def build_players(
     game: str,
     specs: Sequence[str],
     backend: str = "hf",
     rollout: RolloutSettings = RolloutSettings(),
     fixed_style: Collection[str] = STYLE_SETTINGS,
-) -> tuple[dict[str, Player], dict[str, RolloutSettings]]:
+) -> Lineup:
     """Players by label, and how each model among them is asked and sampled
     (`ModelSpec.played_with`); scripted specs are checked against the game up front, and each
     distinct model is loaded once however many seats it takes."""
     twin = make_game(game)
     models: dict[str, PolicyBackend] = {}
-    players: dict[str, Player] = {}
-    styles: dict[str, RolloutSettings] = {}
+    lineup = Lineup({}, {})
     for label, spec in zip(agent_labels(specs), specs):
         agent = parse_agent(spec)
         if isinstance(agent, str):
             make_agent(spec, twin, seed=0)
-            players[label] = spec
+            lineup.players[label] = spec
             continue
         if spec not in models:
             models[spec] = agent.policy(backend)
-        players[label] = models[spec]
-        styles[label] = agent.played_with(rollout, fixed_style)
-    return players, styles
+        lineup.players[label] = models[spec]
+        lineup.styles[label] = agent.played_with(rollout, fixed_style)
+    return lineup
 
 
 def play_series(
@@ -98,10 +105,12 @@ def play_series(
     fixed_style: Collection[str] = STYLE_SETTINGS,
     backend: str = "hf",
     progress: bool = True,
+    on_game: Callable[[Trajectory, Lineup], None] = lambda trajectory, lineup: None,
 ) -> list[MatchResult]:
     """Play `episodes` games of `game`, rotating the agents through the seats each game, as
     `rollout` says (sampling, prompts, invalid moves, turn cap); a model from a run is asked and
     sampled as its run was, but for the settings in `fixed_style` (by default all of them).
+    `on_game` is given each game's trajectory as it ends (its models still loaded), with the lineup.
 
     Everything random (deals, dice, the agents' choices, model sampling) derives from `seed`:
     the same call gives the same results.
@@ -109,18 +118,22 @@ def play_series(
     seats = make_game(game).num_players
     if len(agent_specs) != seats:
         raise UserError(f"'{game}' has {seats} seats but {len(agent_specs)} agents were given.")
-    players, styles = build_players(game, agent_specs, backend, rollout, fixed_style)
-    labels = list(players)
+    lineup = build_players(game, agent_specs, backend, rollout, fixed_style)
+    labels = list(lineup.players)
     episode_seeds = np.random.SeedSequence(seed).generate_state(episodes).tolist()
     matches = [
         MatchSpec(game, tuple(labels[(episode + seat) % seats] for seat in range(seats)), episode_seeds[episode])
         for episode in range(episodes)
     ]
     settings = replace(rollout, sampling=replace(rollout.sampling, seed=seed))
-    trajectories = RolloutEngine(players, settings, styles).run(matches)
+    trajectories = RolloutEngine(lineup.players, settings, lineup.styles).run(matches)
     bar = tqdm(trajectories, total=episodes, desc=game, unit="game", disable=not progress, leave=False)
+    results = []
     try:
-        return [trajectory.result for trajectory in bar]
+        for trajectory in bar:
+            on_game(trajectory, lineup)
+            results.append(trajectory.result)
+        return results
     finally:
-        for policy in {id(p): p for p in players.values() if not isinstance(p, str)}.values():
+        for policy in {id(p): p for p in lineup.players.values() if not isinstance(p, str)}.values():
             policy.close()

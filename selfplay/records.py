@@ -50,6 +50,7 @@ class Turn:
     # An invalid output the game let its player retry: the penalty it would have ended the game
     # with, which scores this turn in place of the seat's final return (it did not lead to it).
     retried_penalty: float | None = None
+    invalid_reason: str = ""  # why the game refused the response (its `invalid_log` entry); "" if valid
 
 
 @dataclass(frozen=True)

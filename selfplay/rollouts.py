@@ -260,6 +260,7 @@ class RolloutEngine:
         invalid_before = len(env.invalid_log[agent])
         finished = generation.finish_reason == "stop"
         env.step(generation.text if finished else UnfinishedOutput(generation.text))
+        invalid = len(env.invalid_log[agent]) > invalid_before
         game.turns.append(
             Turn(
                 game=game.match.game,
@@ -273,11 +274,12 @@ class RolloutEngine:
                 logprobs=generation.logprobs,
                 text=generation.text,
                 finish_reason=generation.finish_reason,
-                invalid=len(env.invalid_log[agent]) > invalid_before,
+                invalid=invalid,
                 reward=float(env.rewards.get(agent, 0.0)),
                 choices=prompt.choices,
                 grammar=prompt.grammar,
                 retried_penalty=env.retried_penalty,
+                invalid_reason=env.invalid_log[agent][-1]["reason"] if invalid else "",
             )
         )
 

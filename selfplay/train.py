@@ -280,7 +280,8 @@ def rollout_metrics(trajectories: Sequence[Trajectory], label: str = MAIN) -> di
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """Ctrl-C stopped a training run; the message says where it stopped and how to go on."""
+    """Ctrl-C or SIGTERM (`selfplay.stopping`) stopped a training run; the message says where it
+    stopped and how to go on."""
 
 
 class TrainingDiverged(RuntimeError):

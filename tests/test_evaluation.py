@@ -434,7 +434,7 @@ def test_the_round_robin_asks_each_checkpoint_as_its_run_did(tiny_model_dir, mon
     candidates = [ModelSpec("a", str(tiny_model_dir)), ModelSpec("b", str(tiny_model_dir))]
     played = {"a": RolloutSettings(SamplingSettings(decoding="legal"), prompt="view"), "b": RolloutSettings()}
     settings = EvalSettings(games=("kuhn_poker",), episodes=2)
-    table = round_robin(candidates, ["kuhn_poker"], settings, played, on_game=lambda: None)
+    table = round_robin(candidates, ["kuhn_poker"], settings, played, on_game=lambda *game: None)
     assert styles == [played] and table["kuhn_poker"]["games"] == [[0, 2], [2, 0]]
 
 

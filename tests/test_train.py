@@ -7,6 +7,7 @@ import errno
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -566,3 +567,21 @@ def test_ctrl_c_names_where_the_run_stopped_and_the_command_that_resumes_it(run_
         "selfplay: interrupted: the run stopped at step 4. Its last good checkpoint, step 3, is kept: continue "
         f"from it with `selfplay train --resume {run_copy}`."
     )
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_run_as_ctrl_c_does_with_its_last_checkpoint_whole(run_copy):
+    from tests.test_stopping import stop_midway
+
+    checkpoints = RunDir(run_copy).checkpoints
+    time.sleep(1.1)  # as `resume` does: the stopped run's event file sorts after the first's
+    args = ["train", "--resume", str(run_copy), "--no-progress", "steps=1000"]
+    code, err = stop_midway(args, lambda: (checkpoints / "step-000004").exists(), signal.SIGTERM)
+    assert code == 143 and "Traceback" not in err
+    stopped = re.fullmatch(
+        r"selfplay: stopped by SIGTERM: the run stopped at step (\d+)\. Its last good checkpoint, step (\d+), is "
+        r"kept: continue from it with `selfplay train --resume (.+)`\.",
+        err.splitlines()[-1],
+    )
+    assert stopped and int(stopped[1]) >= int(stopped[2]) >= 4 and stopped[3] == str(run_copy)
+    assert checkpoint_problem(checkpoints / f"step-{int(stopped[2]):06d}") is None
