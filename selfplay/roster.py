@@ -5,7 +5,11 @@ and the backend serving its weights), the league's frozen snapshots (each served
 transformers backend, loaded when first matched) and scripted agents (seated by their specs).
 A LoRA learner's snapshot is its adapter alone, served over the main LoRA learner's own model
 (`AdapterPool`: one base for every past player, a bounded number of adapters in memory); a
-full learner's snapshot is its whole weights, served by a copy of the model of its own. The
+full learner's snapshot is its whole weights, served by a copy of the model of its own. With
+`backend: vllm` and a LoRA main player, one vLLM engine serves the base model and every
+adapter: the LoRA learning players' (each sync loads the new adapter) and the adapter
+snapshots', each request carrying its player's (exact probes still read snapshots through
+transformers, over the main learner's model). The
 `Roster` owns the first two, answers which backend or agent spec plays each label of a step's
 matches, and reads snapshots' exact move probabilities for the league's exact payoffs. The
 trainer (`selfplay.train`) keeps the loop and asks it.
@@ -24,7 +28,7 @@ import torch
 
 from selfplay.backends import PRECISIONS, PolicyBackend, make_backend
 from selfplay.backends.base import checked_weights
-from selfplay.backends.hf_backend import AdapterPool, PooledAdapter, merged_adapter_weights
+from selfplay.backends.hf_backend import AdapterPool, HFBackend, PooledAdapter, merged_adapter_weights
 from selfplay.config import TrainConfig
 from selfplay.distributed.learner_group import LearnerGroup
 from selfplay.errors import UserError
@@ -37,8 +41,14 @@ from selfplay.run_dir import RunDir, is_adapter
 from selfplay.scoring import pick_device
 
 if TYPE_CHECKING:
+    from selfplay.backends.vllm_backend import VLLMBackend
     from selfplay.distributed.worker_pool import RolloutWorkers
     from selfplay.league.manager import League
+
+
+def _trains_one_adapter(learner) -> bool:
+    """Whether `learner` is a one-process LoRA learner, whose policy is its adapter over the initial model."""
+    return isinstance(learner, Learner) and learner.lora
 
 
 def vllm_shares_learner_gpu(config: TrainConfig) -> bool:
@@ -90,6 +100,7 @@ class Roster:
         self.snapshot_policies: dict[str, dict] = {}  # snapshots' move probabilities, once exact payoffs ask
         self.shared_base = None  # the initial model under the exploiters' adapters, once needed
         self.adapters: AdapterPool | None = None  # adapter snapshots over the main learner's model, once served
+        self.adapter_engine: VLLMBackend | None = None  # the vLLM engine serving every adapter, if one does
 
     # -- learning players ----------------------------------------------------------------------
 
@@ -139,11 +150,15 @@ class Roster:
 
     def sync(self, player: LearningPlayer, version: int) -> None:
         """The learner's current weights to its backend (and the rollout workers), as `version`,
-        streamed: no file, and no whole model gathered by a sharded learner."""
+        streamed: no file, and no whole model gathered by a sharded learner. A LoRA learner served
+        by the adapter engine sends its adapter alone, saved for the engine to load."""
         if self.workers is not None:
             self.workers.publish(player.name, self.backend_weights(player.name), version)
         if player.backend.shares_model:
             player.backend.version = version
+        elif self._serves_adapter_of(player.learner):
+            with player.backend.adapter_update(version) as directory:
+                player.learner.export_adapter(directory)
         else:
             player.backend.load_state(self.backend_weights(player.name), version=version)
 
@@ -160,8 +175,31 @@ class Roster:
             return make_backend("hf", str(self.model_path), device=learner.device, model=learner.model)
         if self.workers is not None:  # a sharded learner has no whole model to share: a copy it streams into
             return make_backend("hf", str(self.model_path), config.backend_precision, device=learner.device)
+        if self._serves_adapter_of(learner):
+            return self.adapter_engine.sharing_engine()
         colocated = {"sleep_while_learning": True} if name == MAIN and vllm_shares_learner_gpu(config) else {}
+        if name == MAIN and config.backend == "vllm" and _trains_one_adapter(learner):
+            self.adapter_engine = make_backend(
+                "vllm", str(self.model_path), config.backend_precision, **colocated, **self._adapter_engine_options()
+            )
+            return self.adapter_engine
         return make_backend(config.backend, str(self.model_path), config.backend_precision, **colocated)
+
+    def _serves_adapter_of(self, learner) -> bool:
+        """Whether the adapter engine serves `learner`'s policy as an adapter."""
+        return self.adapter_engine is not None and _trains_one_adapter(learner)
+
+    def _adapter_engine_options(self) -> dict:
+        """The adapter engine's LoRA settings: ranks up to the LoRA learners', and room for every
+        learning player's adapter beside league.resident_adapters snapshots'."""
+        from selfplay.backends.vllm_backend import adapter_engine_options
+
+        learner, league = self.config.learner, self.config.league
+        exploiters = league.main_exploiters + league.league_exploiters if league.enabled else 0
+        if not league.exploiter_lora_rank:  # whole-model exploiters have engines of their own
+            exploiters = 0
+        ranks = [learner.lora.rank, *([league.exploiter_lora_rank] if exploiters else [])]
+        return adapter_engine_options(ranks, 1 + exploiters + (league.resident_adapters if league.enabled else 0))
 
     def _shared_base(self):
         if self.shared_base is None:
@@ -225,34 +263,46 @@ class Roster:
         return weights
 
     def frozen_backend(self, name: str) -> PolicyBackend:
-        """The backend of a snapshot, loaded on first use. Snapshots generate with transformers
-        whatever the training backend: a vLLM engine per snapshot would each reserve its own
-        share of the GPU. An adapter snapshot generates through the main LoRA learner's model
-        (`AdapterPool`); without one to lend, through a copy of the model with the adapter merged."""
+        """The backend of a snapshot, loaded on first use. An adapter snapshot generates in the
+        adapter engine where there is one; otherwise snapshots generate with transformers
+        whatever the training backend (a vLLM engine per snapshot would each reserve its own
+        share of the GPU)."""
         if name not in self.frozen:
             weights = self.snapshot_weights(name)
-            version = self.league.players[name].created_step
-            pool = self._adapter_pool() if is_adapter(weights) else None
-            if pool is not None:
-                backend = make_backend(
-                    "hf",
-                    str(self.model_path),
-                    device=self.players[MAIN].learner.device,
-                    model=pool.model,
-                    frozen=True,
-                    adapter=PooledAdapter(pool, name, weights),
-                )
-                backend.version = version
+            if self.adapter_engine is not None and is_adapter(weights):
+                backend = self.adapter_engine.sharing_engine()
+                backend.load_adapter(weights, self.league.players[name].created_step)
             else:
-                backend = make_backend(
-                    "hf", str(self.model_path), self.config.backend_precision, device=self.config.device, frozen=True
-                )
-                if is_adapter(weights):
-                    backend.load_state(merged_adapter_weights(self.model_path, weights), version)
-                else:
-                    backend.load_weights(weights, version=version)
+                backend = self._transformers_snapshot(name)
             self.frozen[name] = backend
         return self.frozen[name]
+
+    def _transformers_snapshot(self, name: str) -> HFBackend:
+        """A snapshot served by transformers. An adapter snapshot generates through the main LoRA
+        learner's model (`AdapterPool`); without one to lend, through a copy of the model with
+        the adapter merged."""
+        weights = self.snapshot_weights(name)
+        version = self.league.players[name].created_step
+        pool = self._adapter_pool() if is_adapter(weights) else None
+        if pool is not None:
+            backend = make_backend(
+                "hf",
+                str(self.model_path),
+                device=self.players[MAIN].learner.device,
+                model=pool.model,
+                frozen=True,
+                adapter=PooledAdapter(pool, name, weights),
+            )
+            backend.version = version
+            return backend
+        backend = make_backend(
+            "hf", str(self.model_path), self.config.backend_precision, device=self.config.device, frozen=True
+        )
+        if is_adapter(weights):
+            backend.load_state(merged_adapter_weights(self.model_path, weights), version)
+        else:
+            backend.load_weights(weights, version=version)
+        return backend
 
     def _adapter_pool(self) -> AdapterPool | None:
         """The pool of adapter snapshots over the main learner's model; None where the main
@@ -276,9 +326,12 @@ class Roster:
                 self.adapters.unload(name)
 
     def snapshot_policy(self, name: str, game: str) -> dict:
-        """A snapshot's move probabilities in `game`, read as its backend plays (snapshots never change)."""
+        """A snapshot's move probabilities in `game`, read as its backend plays (snapshots never
+        change); through transformers, over the main learner's model, for one the adapter engine serves."""
         if name not in self.snapshot_policies:
             backend = self.frozen_backend(name)
+            if not isinstance(backend, HFBackend):
+                backend = self._transformers_snapshot(name)
             with backend.serving() as model:
                 policy = move_probabilities(model, backend.tokenizer, game, self.rollout_settings)
             self.snapshot_policies[name] = policy

@@ -129,11 +129,7 @@ def test_more_snapshots_than_resident_adapters_each_play_with_their_own_weights(
     whole = HFBackend(str(tiny_model_dir))
     for name in SNAPSHOTS:
         whole.load_state(merged_adapter_weights(tiny_model_dir, roster.snapshot_weights(name)), version=0)
-        for turn in (turn for turn in played if turn.agent == name):
-            mask = allowed_mask([turn.response_ids], [turn.choices], vocab_size(whole.model))
-            with torch.no_grad():
-                (expected,) = response_logprobs(whole.model, [turn.prompt_ids], [turn.response_ids], 1.0, mask)
-            assert turn.logprobs == pytest.approx(expected.tolist(), abs=1e-4)
+        assert_played_with(whole.model, [turn for turn in played if turn.agent == name])
         if name == evicted:
             exact = move_probabilities(whole.model, main.tokenizer, "kuhn_poker", trainer.rollout_settings)
             gaps = [abs(p - exact[state][move]) for state, moves in probed.items() for move, p in moves.items()]
@@ -163,6 +159,15 @@ def test_more_snapshots_than_resident_adapters_each_play_with_their_own_weights(
     assert not any(torch.equal(old, new) for old, new in zip(before, _adapter_tensors(leftover)))
     assert sorted(p.name for p in leftover.parent.iterdir()) == SNAPSHOTS  # no scratch directory left
     trainer.close()
+
+
+def assert_played_with(model, turns) -> None:
+    """Each of `turns` (legal decoding, temperature 1) has `model`'s log-probabilities, within 1e-4."""
+    for turn in turns:
+        mask = allowed_mask([turn.response_ids], [turn.choices], vocab_size(model))
+        with torch.no_grad():
+            (expected,) = response_logprobs(model, [turn.prompt_ids], [turn.response_ids], 1.0, mask)
+        assert turn.logprobs == pytest.approx(expected.tolist(), abs=1e-4)
 
 
 def _adapter_tensors(directory):

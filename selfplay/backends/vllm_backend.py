@@ -9,15 +9,28 @@ which reloads them with vLLM's own checkpoint loader: a learner's stream, sent t
 in buckets of safetensors bytes (`load_state`), or a safetensors file the worker reads itself
 (`load_weights`). Then the prefix cache is reset, so that no key/value block computed with the
 old weights is reused.
+
+An engine started with LoRA (`adapter_engine_options`) serves its base model and any number of
+LoRA adapters over it, each backend over it (`sharing_engine`) with one adapter of its own that
+every request it sends carries: a LoRA run's learning players and league snapshots all generate
+in one engine. A learning player's sync saves its adapter (a few MB, peft's format) and the
+engine loads it under a new id and path (`adapter_update`), the old one removed: no merge, no
+whole-model stream. vLLM's own `load_inplace` would keep the id and path, which its prefix cache
+keys blocks by, so every cached prefix would then have to go, the snapshots' too.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import gc
 import hashlib
 import itertools
 import os
-from collections.abc import Iterator
+import shutil
+import tempfile
+import typing
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
@@ -37,6 +50,7 @@ from selfplay.backends.base import (
     stop_ids,
     weight_buckets,
 )
+from selfplay.errors import UserError
 from selfplay.legal_decoding import Choices, legal_decode
 
 WORKER_EXTENSION = "selfplay.backends.vllm_worker.SelfplayWorkerExtension"
@@ -51,6 +65,22 @@ GREEDY_EPS = 1e-5  # vLLM treats temperatures below this as greedy
 RPC_CHUNK_BYTES = 2 << 20
 
 
+def adapter_engine_options(ranks: Iterable[int], adapters: int) -> dict[str, Any]:
+    """vLLM's LoRA settings for an engine serving up to `adapters` LoRA adapters at once (held in
+    memory, the least recently used leaving first and loaded again from disk when next asked
+    for), of ranks up to the largest of `ranks` (vLLM takes the smallest bound it offers above)."""
+    from vllm.config.lora import MaxLoRARanks
+
+    rank = max(ranks)
+    bound = next((r for r in sorted(typing.get_args(MaxLoRARanks)) if r >= rank), None)
+    if bound is None:
+        raise UserError(
+            f"vLLM serves LoRA adapters of rank up to {max(typing.get_args(MaxLoRARanks))}; this run trains "
+            f"rank {rank}: lower learner.lora.rank (or league.exploiter_lora_rank), or use backend=hf."
+        )
+    return {"enable_lora": True, "max_lora_rank": bound, "max_loras": adapters, "max_cpu_loras": adapters}
+
+
 def request_seed(seed: int, index: int) -> int:
     """The sampling seed of prompt `index` in a batch sampled with `seed` (63 bits)."""
     digest = hashlib.blake2b(f"selfplay:{seed}:{index}".encode(), digest_size=8).digest()
@@ -58,7 +88,8 @@ def request_seed(seed: int, index: int) -> int:
 
 
 class VLLMBackend(PolicyBackend):
-    """A `vllm.LLM` engine serving one policy, with in-place weight updates."""
+    """A `vllm.LLM` engine serving one policy, with in-place weight updates; or, over an engine
+    started with LoRA, one LoRA adapter (`adapter`; none serves the base model)."""
 
     def __init__(
         self,
@@ -72,7 +103,9 @@ class VLLMBackend(PolicyBackend):
     ):
         """`sleep_while_learning`: the engine shares its GPU with the learner, and sleeps (frees
         its weights and KV cache, vLLM's sleep mode) between `release_memory` and the next
-        `load_state`, as verl and TRL colocate them. Only on a GPU."""
+        `load_state`, as verl and TRL colocate them. Only on a GPU, and never with LoRA
+        (`enable_lora`): sleep drops the base model's weights, which an adapter's sync does not
+        bring back."""
         # vLLM logs every engine detail at INFO; keep a run's output readable unless asked.
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         from vllm import LLM  # imported here: vllm is an optional dependency
@@ -100,7 +133,8 @@ class VLLMBackend(PolicyBackend):
             # and the learner mask with too; "auto" could hand some to another engine.
             structured_outputs_config={"backend": "xgrammar"},
         )
-        self.sleeps = sleep_while_learning and self.on_gpu
+        self.serves_adapters = bool(engine_kwargs.get("enable_lora"))
+        self.sleeps = sleep_while_learning and self.on_gpu and not self.serves_adapters
         self.asleep = False
         if self.on_gpu:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization or GPU_MEMORY_UTILIZATION
@@ -123,7 +157,15 @@ class VLLMBackend(PolicyBackend):
             kwargs["enable_chunked_prefill"] = False
         kwargs.update(engine_kwargs)
         self.llm = LLM(**kwargs)
+        # Shared by every backend over this engine: request ids and adapter ids are the engine's.
         self._batches = itertools.count()  # numbers each batch's request ids
+        self._adapter_ids = itertools.count(1)
+        self.adapter = None  # the LoRARequest every request of this backend carries
+        self.adapter_owned = False  # whether its directory is the engine's own (`adapter_update`)
+        self.owner: VLLMBackend | None = None  # the backend that started the engine, if another
+        self.sharers: list[VLLMBackend] = []  # the backends sharing this one's engine
+        # Where learning players' syncs save their adapters, for the engine to read.
+        self.scratch = Path(tempfile.mkdtemp(prefix="selfplay-adapters-")) if self.serves_adapters else None
 
         self.tokenizer = self.llm.get_tokenizer()
         self.eos_ids = self._eos_ids()
@@ -187,7 +229,7 @@ class VLLMBackend(PolicyBackend):
         try:
             for index, (prompt, request_params) in enumerate(zip(prompts, params)):
                 request_id = f"{batch}-{index}"
-                engine.add_request(request_id, tokens_input(list(prompt)), request_params)
+                engine.add_request(request_id, tokens_input(list(prompt)), request_params, lora_request=self.adapter)
                 unfinished[request_id] = index
             while unfinished:
                 finished = [
@@ -320,16 +362,82 @@ class VLLMBackend(PolicyBackend):
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM could not reset its prefix cache")
 
+    def sharing_engine(self) -> VLLMBackend:
+        """Another backend over this one's LoRA engine, serving an adapter of its own once given
+        one (`load_adapter`, `adapter_update`; until then the base model), as version 0. Closing
+        it removes its adapter from the engine; the engine closes with the backend that started it."""
+        if not self.serves_adapters:
+            raise ValueError("only an engine started with LoRA (enable_lora) serves other backends' adapters")
+        owner = self.owner or self
+        sharer = copy.copy(owner)
+        sharer.owner, sharer.sharers, sharer.adapter, sharer.version = owner, [], None, 0
+        owner.sharers.append(sharer)
+        return sharer
+
+    def load_adapter(self, directory: Path, version: int) -> None:
+        """Serve the LoRA adapter saved by peft in `directory` (over the engine's base model) from
+        now on, as `version`. The engine reads it from there whenever it loads it again (after
+        its least recently used adapters left), so it must stay until this backend serves
+        another or closes."""
+        self._serve_adapter(Path(directory), version, owned=False)
+
+    @contextlib.contextmanager
+    def adapter_update(self, version: int) -> Iterator[Path]:
+        """A learning player's sync: a new directory for the block to save its adapter in
+        (`Learner.export_adapter`), served from the block's end as `version`, in a directory of
+        this engine's own that goes when the next update replaces it. A block that raises
+        leaves the previous adapter serving."""
+        directory = Path(tempfile.mkdtemp(prefix=f"v{version}-", dir=self.scratch))
+        try:
+            yield directory
+            self._serve_adapter(directory, version, owned=True)
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+
+    def _serve_adapter(self, directory: Path, version: int, owned: bool) -> None:
+        from vllm.lora.request import LoRARequest
+
+        if not self.serves_adapters:
+            raise ValueError("this vLLM engine was started without LoRA (enable_lora)")
+        # A new id and path for each version: the prefix cache keys blocks by the adapter's name
+        # and path, so the old version's cached prefixes are never reused for the new one.
+        adapter_id = next(self._adapter_ids)
+        path = str(directory.resolve())
+        request = LoRARequest(f"adapter-{adapter_id}", adapter_id, path)
+        self.llm.llm_engine.add_lora(request)  # read and checked now, not at the next batch
+        self._remove_adapter()
+        self.adapter, self.adapter_owned, self.version = request, owned, version
+
+    def _remove_adapter(self) -> None:
+        """Take this backend's adapter out of the engine (and its directory, if the engine's own)."""
+        if self.adapter is None:
+            return
+        self.llm.llm_engine.remove_lora(self.adapter.lora_int_id)
+        if self.adapter_owned:
+            shutil.rmtree(self.adapter.lora_path, ignore_errors=True)
+        self.adapter = None
+
     def close(self) -> None:
         llm = getattr(self, "llm", None)
         if llm is None:
             return
+        if self.owner is not None:  # the engine stays: only this backend's adapter leaves it
+            self._remove_adapter()
+            self.llm = None
+            self.owner.sharers.remove(self)
+            return
+        for sharer in self.sharers:  # their adapters go with the engine
+            sharer.llm = None
+        self.sharers.clear()
         self.llm = None
         llm.llm_engine.engine_core.shutdown()
         del llm
         gc.collect()
         if self.on_gpu:
             torch.cuda.empty_cache()
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
     def __enter__(self) -> VLLMBackend:
         return self
