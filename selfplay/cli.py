@@ -9,6 +9,7 @@ import math
 import signal
 import sys
 import typing
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -51,19 +52,28 @@ def _cmd_play(args: argparse.Namespace) -> int:
     rollout, given = _rollout(args, max_new_tokens=PLAY_MAX_NEW_TOKENS)
     _check_transcript_path(args.transcripts)
     _quiet_transformers()
-    played: list[Trajectory] = []
+    model_turns: Counter[str] = Counter()  # each model's turns and its invalid ones, by label
+    invalid_turns: Counter[str] = Counter()
+    played = 0
     transcripts: list[dict] = []
     styles: dict[str, RolloutSettings] = {}  # how each model played
     try:
         with transcript_file(args.transcripts) as save:
 
             def on_game(trajectory: Trajectory, lineup: Lineup) -> None:
-                played.append(trajectory)
+                nonlocal played
+                played += 1
                 styles.update(lineup.styles)
+                for label in lineup.styles:
+                    turns, invalid, _ = turn_counts([trajectory], label)
+                    model_turns[label] += turns
+                    invalid_turns[label] += invalid
                 if save is not None or args.show:
-                    transcripts.append(transcript(trajectory, lineup.players, prompts=args.transcript_prompts))
+                    record = transcript(trajectory, lineup.players, prompts=args.transcript_prompts)
+                    if args.show:
+                        transcripts.append(record)
                     if save is not None:
-                        save(transcripts[-1])
+                        save(record)
 
             results = play_series(
                 args.game,
@@ -79,13 +89,13 @@ def _cmd_play(args: argparse.Namespace) -> int:
             )
     except KeyboardInterrupt:
         unsaved = f"; {args.transcripts} was not written" if args.transcripts else ""
-        raise KeyboardInterrupt(f"play stopped after {len(played)} of {args.episodes} games{unsaved}.") from None
+        raise KeyboardInterrupt(f"play stopped after {played} of {args.episodes} games{unsaved}.") from None
     if args.show:
         print("\n\n".join(map(format_transcript, transcripts)), end="\n\n")
     alarms = []
     for label, style in styles.items():
-        turns, invalid, _ = turn_counts(played, label)
-        alarm = invalid_move_alarm(args.game, args.game, label, invalid / (turns or 1), style_of(style))
+        rate = invalid_turns[label] / (model_turns[label] or 1)
+        alarm = invalid_move_alarm(args.game, args.game, label, rate, style_of(style))
         alarms += [alarm] if alarm else []
     if alarms:
         _warn("\n".join([f"warning: {alarm_advice('the games below')}", *(f"  {alarm}" for alarm in alarms)]))
