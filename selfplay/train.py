@@ -18,6 +18,7 @@ state), so a run resumed after a crash replays the steps it lost exactly as they
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -26,7 +27,7 @@ import shlex
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +52,7 @@ from selfplay.config import TrainConfig, config_to_dict, load_config, settings_b
 from selfplay.distributed.learner_group import LearnerProcessDied
 from selfplay.errors import UserError
 from selfplay.evaluation import exact_play
-from selfplay.evaluation.evaluate import plan_pairings, play_opponents
+from selfplay.evaluation.evaluate import POLICY, plan_pairings, play_opponents
 from selfplay.evaluation.exploitability import (
     SUPPORTED_GAMES,
     information_states,
@@ -289,6 +290,47 @@ class TrainingDiverged(RuntimeError):
     checkpoint. Not a `UserError`: no setting was refused, training failed, and its traceback is kept."""
 
 
+TRAINING = "train"  # the run's bar while it trains
+
+
+class RunBar(tqdm):
+    """The run's progress bar. Its rate and ETA count the evaluations to come as well as the
+    steps, each at the mean duration of its kind so far; an evaluation describes itself on it."""
+
+    def __init__(self, *, evaluations_left: Callable[[int], int], **kwargs):
+        self.evaluations_left = evaluations_left  # after a given step and its own evaluation
+        self.durations: dict[str, list[float]] = {"step": [], "evaluation": []}
+        super().__init__(**kwargs)
+
+    @contextlib.contextmanager
+    def timing(self, kind: str) -> Iterator[None]:
+        """Time what runs inside as one `kind` ("step" or "evaluation") on the bar's clock."""
+        if self.disable:
+            yield
+            return
+        started = self._time()
+        try:
+            yield
+        finally:
+            self.durations[kind].append(self._time() - started)
+
+    def seconds_left(self) -> float | None:
+        """The steps left and their evaluations, at the mean durations so far; None before a step is timed."""
+        steps, evaluations = self.durations["step"], self.durations["evaluation"]
+        if not steps or self.n >= self.total:
+            return None
+        evaluation = float(np.mean(evaluations)) if evaluations else 0.0
+        return (self.total - self.n) * float(np.mean(steps)) + self.evaluations_left(self.n) * evaluation
+
+    @property
+    def format_dict(self) -> dict:
+        figures = super().format_dict
+        left = self.seconds_left()
+        if left:  # tqdm's ETA is the steps left over its rate
+            figures["rate"] = (self.total - self.n) / left
+        return figures
+
+
 class Trainer:
     def __init__(self, config: TrainConfig, *, resume: bool = False, progress: bool = True):
         validate(config)
@@ -420,7 +462,14 @@ class Trainer:
     def run(self) -> dict[str, float]:
         """Train to `config.steps`; returns the last step's metrics. Whatever ends the run, all it
         holds is released (`close`), and an error that stopped it is the one reported."""
-        bar = tqdm(total=self.config.steps, initial=self.step, desc="train", unit="step", disable=not self.progress)
+        bar = RunBar(
+            evaluations_left=self._evaluations_after,
+            total=self.config.steps,
+            initial=self.step,
+            desc=TRAINING,
+            unit="step",
+            disable=not self.progress,
+        )
         try:
             try:
                 metrics = self._train(bar)
@@ -438,24 +487,23 @@ class Trainer:
         print(self._report(metrics))
         return metrics
 
-    def _train(self, bar: tqdm) -> dict[str, float]:
+    def _train(self, bar: RunBar) -> dict[str, float]:
         """The training loop of `run`, which `bar` shows; returns the last step's metrics."""
         metrics: dict[str, float] = {}
         deadline = time.monotonic() + 60 * self.config.max_minutes if self.config.max_minutes else math.inf
         all_invalid_steps = 0
         truncation_warned = False
         evaluating = bool(self.config.eval.every)
+        bar.unpause()  # the bar's clock starts with training, not with loading the models
         if evaluating and self.config.eval.before_training and self.step == 0:
-            self._log(self.evaluate())
-        # The bar's rate and ETA time the steps alone: not the evaluations, nor what came before.
-        bar.unpause()
+            self._log(self.evaluate(bar))
         while self.step < self.config.steps:
             self.step += 1
-            metrics = self.train_step()
-            bar.update(1)
+            with bar.timing("step"):
+                metrics = self.train_step()
             if self.config.eval.every and self.step % self.config.eval.every == 0:
-                metrics.update(self.evaluate())
-                bar.unpause()
+                metrics.update(self.evaluate(bar))
+            bar.update(1)
             self._log(metrics)
             bar.set_postfix(
                 reward=f"{metrics.get('reward/mean', 0):+.2f}",
@@ -478,11 +526,16 @@ class Trainer:
                 break
         evaluations = read_evaluations(RunDir(self.run_dir).eval_log)
         if evaluating and (not evaluations or evaluations[-1].step != self.step):
-            final = self.evaluate()  # the policy the run ends with
-            bar.unpause()
+            final = self.evaluate(bar)  # the policy the run ends with
             self._log(final)
             metrics.update(final)
         return metrics
+
+    def _evaluations_after(self, step: int) -> int:
+        """How many evaluations the run does after its `step` and that step's evaluation: one every
+        `eval.every` steps, and one at the end unless the last step has one."""
+        every, steps = self.config.eval.every, self.config.steps
+        return steps // every - step // every + (steps % every != 0) if every else 0
 
     def _stop_error(self, err: BaseException) -> BaseException:
         """The error to report for `err`, which stopped the run: one line for the user's, `err` itself for a bug."""
@@ -714,14 +767,29 @@ class Trainer:
         self.roster.retire(changes.retired)
         return self.league.metrics(changes)
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, bar: RunBar) -> dict[str, float]:
         """The current policy against the fixed opponents of `config.eval` (the same deals
         every time), and its exact exploitability in the small games; the figures of
         `selfplay eval` that judge play in each game's kind (`primary_figures`: win rates, or
-        mean return), as `eval/...` metrics."""
+        mean return), as `eval/...` metrics. `bar` shows what it is doing, and times it."""
+        with bar.timing("evaluation"):
+            metrics = self._evaluate(bar)
+        bar.set_description_str(TRAINING)
+        return metrics
+
+    def _evaluate(self, bar: RunBar) -> dict[str, float]:
         started = time.perf_counter()
+        episodes = self.config.eval.episodes
+        played: Counter = Counter()
+        where = f"eval at step {self.step}"
+
+        def finished(trajectory: Trajectory, players) -> None:
+            pairing = trajectory.result.game, next(label for label in players if label != POLICY)
+            played[pairing] += 1
+            bar.set_description_str(f"{where}: {pairing[0]} vs {pairing[1]}, {played[pairing]}/{episodes} games")
+
         rows = play_opponents(
-            self.backend, self.eval_pairings, self.config.eval.episodes, self.config.seed, self.rollout_settings
+            self.backend, self.eval_pairings, episodes, self.config.seed, self.rollout_settings, on_game=finished
         )
         metrics, intervals = {}, {}
         for row in rows:
@@ -735,10 +803,12 @@ class Trainer:
         tokenizer = self.learner.tokenizer
         with self.learner.scoring_model() as model:
             for game in (g for g in self.eval_pairings if g in SUPPORTED_GAMES):
+                bar.set_description_str(f"{where}: {game}, exact exploitability")
                 metrics[f"eval/{game}/exploitability"] = policy_exploitability(
                     model, tokenizer, game, self.rollout_settings
                 )
             for game in (g for g in self.eval_pairings if g in exact_play.SUPPORTED_GAMES):
+                bar.set_description_str(f"{where}: {game}, exact non-loss")
                 seats = exact_play.exact_non_loss(model, tokenizer, game, self.rollout_settings)
                 metrics[f"eval/{game}/exact_non_loss"] = sum(seats) / len(seats)
                 metrics.update({f"eval/{game}/exact_non_loss_seat_{seat}": value for seat, value in enumerate(seats)})

@@ -31,7 +31,7 @@ from selfplay.league.manager import League
 from selfplay.learner import Learner, NonFiniteUpdate
 from selfplay.run_dir import RunDir
 from selfplay.tracking import Trackers
-from selfplay.train import COLLAPSE_STEPS, Trainer, TrainingDiverged, run_stopped_by, train_command
+from selfplay.train import COLLAPSE_STEPS, RunBar, Trainer, TrainingDiverged, run_stopped_by, train_command
 
 TINY = [
     "steps=2",
@@ -197,9 +197,9 @@ def test_a_run_without_evaluations_ends_with_its_last_steps_figures_and_where_to
 
 
 @pytest.mark.slow
-def test_the_progress_bar_times_the_training_steps_alone(tiny_model_dir, tmp_path, monkeypatch, capsys):
-    """Its rate and ETA leave out the evaluations (before training and between steps): each
-    step takes two seconds and each evaluation far longer on the bar's clock."""
+def test_the_progress_bar_counts_the_evaluations_to_come_in_its_eta(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """Each step takes two seconds on the bar's clock and each evaluation 1000 (before training
+    and after every step): after step 1, two steps and their two evaluations are left."""
     clock = [0.0]
     monkeypatch.setattr(tqdm.std, "time", lambda: clock[0])
     train_step = Trainer.train_step
@@ -208,16 +208,31 @@ def test_the_progress_bar_times_the_training_steps_alone(tiny_model_dir, tmp_pat
         clock[0] += 2.0
         return train_step(trainer)
 
-    def long_evaluation(trainer):
+    def long_evaluation(trainer, bar):
         clock[0] += 1000.0
         return {}
 
     monkeypatch.setattr(Trainer, "train_step", two_second_step)
-    monkeypatch.setattr(Trainer, "evaluate", long_evaluation)
+    monkeypatch.setattr(Trainer, "_evaluate", long_evaluation)
     overrides = [*TINY, "steps=3", "eval.every=1", f"model={tiny_model_dir}", f"run_dir={tmp_path}"]
     Trainer(load_config(None, overrides), progress=True).run()
     bar = capsys.readouterr().err
-    assert "1/3 [00:02<00:04,  2.00s/step" in bar and "3/3 [00:06<00:00,  2.00s/step" in bar
+    assert "1/3 [33:22<33:24, 1002.00s/step" in bar and "2/3 [50:04<16:42, 1002.00s/step" in bar
+
+
+def test_an_evaluation_during_training_names_each_pairing_and_its_games_done_on_the_bar(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    shown = []
+    monkeypatch.setattr(RunBar, "set_description_str", lambda bar, text, refresh=True: shown.append(text))
+    overrides = [*TINY, "steps=1", "eval.every=1", "eval.before_training=false", "eval.games=[kuhn_poker]"]
+    Trainer(load_config(None, [*overrides, "eval.episodes=2", f"model={tiny_model_dir}", f"run_dir={tmp_path}"])).run()
+    assert shown == [
+        "eval at step 1: kuhn_poker vs random, 1/2 games",
+        "eval at step 1: kuhn_poker vs random, 2/2 games",
+        "eval at step 1: kuhn_poker, exact exploitability",
+        "train",
+    ]
 
 
 def test_a_run_stops_at_its_first_non_finite_update_and_keeps_its_last_good_checkpoint(
