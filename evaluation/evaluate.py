@@ -173,6 +173,8 @@ def outcome_stats(trajectories: Iterable[Trajectory], label: str, kind: GameKind
         "role_figure_values": values,
         "turns": turns,
         "invalid_move_rate": invalid / turns if turns else 0.0,
+        # Over turns, as the rate is: a game's turns count as independent trials.
+        "invalid_move_ci95": list(wilson_interval(invalid, turns)) if turns else None,
         "mean_response_tokens": tokens / turns if turns else 0.0,
     }
 

@@ -7,6 +7,7 @@ import contextlib
 import io
 import json
 import math
+import re
 import shutil
 import warnings
 
@@ -161,7 +162,9 @@ def test_outcome_stats_count_each_seat_and_the_policys_turns():
     assert stats["seats"]["0"]["wins"] == 1 and stats["seats"]["0"]["losses"] == 1
     assert stats["seats"]["1"]["draws"] == 1 and stats["seats"]["1"]["losses"] == 1
     assert stats["turns"] == 5
-    assert stats["invalid_move_rate"] == pytest.approx(1 / 5)
+    assert stats["invalid_move_rate"] == pytest.approx(1 / 5) and stats["invalid_move_ci95"] == list(
+        wilson_interval(1, 5)
+    )
     assert stats["mean_response_tokens"] == pytest.approx((3 + 5 + 4 + 4 + 2) / 5)
     # Its returns 1, -2, 0, -1: mean -0.5, sample variance 5/3, half-width t(3) * sqrt(5/12) = 2.054260.
     assert stats["returns"] == [1.0, -2.0, 0.0, -1.0] and stats["outcomes"] == ["wins", "losses", "draws", "losses"]
@@ -503,6 +506,10 @@ def test_train_command_ends_with_the_table_of_its_first_and_last_evaluations(tra
     low, high = last.intervals["eval/kuhn_poker/random/truncated_rate"]
     assert low <= last.figures["eval/kuhn_poker/random/truncated_rate"] <= high
     assert "eval/kuhn_poker/exploitability" not in last.intervals  # exact: no interval
+    # Every turn invalid at every evaluation: a Wilson interval over the turns, and no change.
+    low, high = last.intervals["eval/kuhn_poker/random/invalid_move_rate"]
+    assert low < last.figures["eval/kuhn_poker/random/invalid_move_rate"] == high == 1.0
+    assert re.search(r"invalid moves vs random +1\.000 \[0\.\d\d, 1\.00\] .* no significant change", printed)
     assert 0.0 <= last.figures["eval/kuhn_poker/exploitability"] <= 1.0
     assert evaluation_table(evaluations) in printed and "step 0" in printed and "step 2" in printed
     assert "{" not in printed  # the table, not the last step's metrics
