@@ -2,8 +2,9 @@
 non-loss rate against a uniformly random opponent, and how it plays one-move tactics.
 
 The model is probed once at every distinct decision state of the game's OpenSpiel twin (4,520
-in TicTacToe) with the prompt the rollout engine builds there, as
-`selfplay.evaluation.exploitability` probes information states. From those probabilities the
+in TicTacToe) with the prompt the rollout engine builds there in single-turn play (a
+multi-turn prompt depends on the move order, not on the state alone), sampled as the rollouts
+sample, as `selfplay.evaluation.exploitability` probes information states. From those probabilities the
 game tree is solved exactly, so the figures carry none of the noise of sampled games (400
 sampled games measure a non-loss rate near 0.75 only to within about +-0.04).
 
@@ -19,6 +20,8 @@ learned to block from one that loses to forks set up earlier.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pyspiel
 
@@ -26,7 +29,7 @@ from selfplay.errors import UserError
 from selfplay.evaluation.exploitability import (
     decision_states,
     information_states,
-    model_scorer,
+    rollout_scorer,
     scored_states,
     state_key,
     twin_env,
@@ -48,22 +51,32 @@ def perfect_information_twin(game: str) -> pyspiel.Game:
     return spiel_game
 
 
-def state_probabilities(model, tokenizer, game: str, rollout: RolloutSettings = RolloutSettings()) -> Probabilities:
+def state_probabilities(
+    model,
+    tokenizer,
+    game: str,
+    rollout: RolloutSettings = RolloutSettings(),
+    on_batch: Callable[[int, int], None] | None = None,
+) -> Probabilities:
     """The model's move probabilities at every decision state of `game`, asked and scored as the
     rollouts `rollout` ask it and sample it (as `selfplay.evaluation.exploitability.move_probabilities`
-    reads them)."""
+    reads them; `on_batch` as there). Single-turn play only (`information_states`)."""
     perfect_information_twin(game)
-    states = information_states(game, by_state=True, prompt=rollout.prompt)
-    sampling = rollout.sampling
-    return scored_states(
-        states, model_scorer(model, tokenizer, decoding=sampling.decoding, temperature=sampling.temperature)
-    )
+    states = information_states(game, by_state=True, prompt=rollout.prompt, observation_mode=rollout.observation_mode)
+    return scored_states(states, rollout_scorer(model, tokenizer, rollout, on_batch=on_batch))
 
 
-def exact_non_loss(model, tokenizer, game: str, rollout: RolloutSettings = RolloutSettings()) -> list[float]:
+def exact_non_loss(
+    model,
+    tokenizer,
+    game: str,
+    rollout: RolloutSettings = RolloutSettings(),
+    on_batch: Callable[[int, int], None] | None = None,
+) -> list[float]:
     """For each seat, the exact probability that the model, asked and sampled as `rollout` says,
     does not lose against a uniformly random opponent."""
-    return non_loss_vs_random(perfect_information_twin(game), state_probabilities(model, tokenizer, game, rollout))
+    probabilities = state_probabilities(model, tokenizer, game, rollout, on_batch)
+    return non_loss_vs_random(perfect_information_twin(game), probabilities)
 
 
 def greedy(probabilities: Probabilities) -> Probabilities:

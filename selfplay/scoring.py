@@ -165,12 +165,25 @@ def response_logprobs(
     responses: Sequence[Sequence[int]],
     temperature: float = 1.0,
     mask: torch.Tensor | None = None,
+    top_p: float = 1.0,
 ) -> list[torch.Tensor]:
     """log softmax(logits / T) of each response token given its prompt, one tensor per pair;
     with `mask` ((total response tokens, vocab) booleans, the rows of the responses in order:
     `allowed_mask` of legal decoding, `Grammars.mask` of structured decoding), softmax over the
-    tokens allowed at each position. Gradients flow when the caller has them enabled."""
-    return response_logprobs_and_entropy(model, prompts, responses, temperature, mask, entropy=False)[0]
+    tokens allowed at each position; with `top_p` below 1 (and no mask), over each position's
+    nucleus (`nucleus_mask`), as a sampler with that top_p draws. Gradients flow when the caller
+    has them enabled."""
+    return response_logprobs_and_entropy(model, prompts, responses, temperature, mask, entropy=False, top_p=top_p)[0]
+
+
+def nucleus_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The tokens top-p sampling keeps at each row of `logits` (already divided by the
+    temperature), as transformers' TopPLogitsWarper and vLLM keep them: all but the least
+    probable tokens whose probabilities sum to at most 1 - top_p, and always the most probable."""
+    ascending, order = torch.sort(logits, dim=-1)
+    dropped = ascending.softmax(dim=-1).cumsum(dim=-1) <= 1 - top_p
+    dropped[..., -1] = False
+    return ~dropped.scatter(-1, order, dropped)
 
 
 def response_logprobs_and_entropy(
@@ -181,6 +194,7 @@ def response_logprobs_and_entropy(
     mask: torch.Tensor | None = None,
     entropy: bool = True,
     share_prefix: bool = True,
+    top_p: float = 1.0,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
     """`response_logprobs`, and the entropy of the (masked, renormalised) next-token
     distribution at each of those positions (None when `entropy` is off). `share_prefix`: see
@@ -192,6 +206,8 @@ def response_logprobs_and_entropy(
         logits = logits / temperature
     targets = torch.tensor([t for r in responses for t in r], device=logits.device)
     lengths = [len(r) for r in responses]
+    if mask is None and top_p < 1:
+        mask = nucleus_mask(logits, top_p)
     if mask is not None:
         mask = mask.to(logits.device)
         all_logprobs = masked_log_softmax(logits, mask)

@@ -23,6 +23,7 @@ import dataclasses
 import datetime
 import json
 import math
+import os
 import shlex
 import sys
 import time
@@ -578,6 +579,12 @@ class Trainer:
         if evaluations:
             plot_learning_curve(evaluations, files.learning_curve)
             blocks.append(evaluation_table(evaluations))
+            unprobed = [game for game in self.eval_pairings if game in exact_play.SUPPORTED_GAMES]
+            if unprobed and not self._exact_play_games():
+                blocks[-1] += (
+                    f"\nNo exact non-loss figure for {', '.join(unprobed)}: it reads one prompt per position, and "
+                    "this run plays rollout.observation_mode=multi_turn, whose prompt holds the game so far."
+                )
             further.append(f"the learning curve of every evaluation: {files.learning_curve}")
         else:
             if "reward/mean" in metrics:
@@ -593,6 +600,7 @@ class Trainer:
             further.append(f"the league's payoffs, lineage and meta-strategy: selfplay league show {run}{meta}")
         if self.config.logging.tensorboard:
             further.append(f"every metric by step: tensorboard --logdir {shlex.quote(str(files.tensorboard))}")
+        further += tracker_runs(self.config, self.trackers.run_ids if self.trackers is not None else {})
         blocks.append("Look further:\n" + "\n".join(f"  {line}" for line in further))
         return "\n" + "\n\n".join(blocks)
 
@@ -800,21 +808,30 @@ class Trainer:
                 interval = row.get(f"{name.removesuffix('_rate')}_ci95")
                 if interval is not None:
                     intervals[f"eval/{row['game']}/{row['opponent']}/{name}"] = tuple(interval)
-        tokenizer = self.learner.tokenizer
+        tokenizer, rollout = self.learner.tokenizer, self.rollout_settings
+
+        def probing(what: str) -> Callable[[int, int], None]:
+            return lambda scored, total: bar.set_description_str(f"{where}: {what}, {scored}/{total} answers scored")
+
         with self.learner.scoring_model() as model:
             for game in (g for g in self.eval_pairings if g in SUPPORTED_GAMES):
-                bar.set_description_str(f"{where}: {game}, exact exploitability")
-                metrics[f"eval/{game}/exploitability"] = policy_exploitability(
-                    model, tokenizer, game, self.rollout_settings
-                )
-            for game in (g for g in self.eval_pairings if g in exact_play.SUPPORTED_GAMES):
-                bar.set_description_str(f"{where}: {game}, exact non-loss")
-                seats = exact_play.exact_non_loss(model, tokenizer, game, self.rollout_settings)
+                probe = probing(f"{game}, exact exploitability")
+                metrics[f"eval/{game}/exploitability"] = policy_exploitability(model, tokenizer, game, rollout, probe)
+            for game in self._exact_play_games():
+                probe = probing(f"{game}, exact non-loss")
+                seats = exact_play.exact_non_loss(model, tokenizer, game, rollout, probe)
                 metrics[f"eval/{game}/exact_non_loss"] = sum(seats) / len(seats)
                 metrics.update({f"eval/{game}/exact_non_loss_seat_{seat}": value for seat, value in enumerate(seats)})
         append_evaluation(RunDir(self.run_dir).eval_log, Evaluation(self.step, metrics, intervals))
         metrics["time/eval_s"] = time.perf_counter() - started
         return metrics
+
+    def _exact_play_games(self) -> list[str]:
+        """The evaluated games whose exact non-loss figure reads the policy as played: single-turn
+        play only (`exact_play.state_probabilities`)."""
+        if self.config.rollout.observation_mode != "single_turn":
+            return []
+        return [game for game in self.eval_pairings if game in exact_play.SUPPORTED_GAMES]
 
     def save(self) -> Path:
         """The step's checkpoint: the main player's, with every exploiter's inside it, so that a
@@ -893,6 +910,29 @@ def report_resumed_config(run_dir: Path, config: TrainConfig, step: int) -> None
         f"{files.config}, so that later resumes keep it; {files.config_history} lists every change.",
         file=sys.stderr,
     )
+
+
+def tracker_runs(config: TrainConfig, run_ids: dict[str, str]) -> list[str]:
+    """Where the W&B and MLflow runs that logged this run (`run_ids`, by tracker) are seen."""
+    lines = []
+    wandb, mlflow = config.logging.wandb, config.logging.mlflow
+    if "wandb" in run_ids:
+        offline = (wandb.mode or os.environ.get("WANDB_MODE", "online")) in ("offline", "dryrun")
+        where = (
+            f"upload it with wandb sync {shlex.quote(str(RunDir(config.run_dir).path / 'wandb'))}/offline-run-*"
+            if offline
+            else "at wandb.ai"
+        )
+        lines.append(f"the W&B run {run_ids['wandb']} in project {wandb.project}: {where}")
+    if "mlflow" in run_ids:
+        uri = mlflow.tracking_uri
+        where = (
+            f"at {uri}"
+            if uri.startswith(("http://", "https://"))
+            else f"mlflow ui --backend-store-uri {shlex.quote(uri)}"
+        )
+        lines.append(f"the MLflow run {run_ids['mlflow']} in experiment {mlflow.experiment}: {where}")
+    return lines
 
 
 def collapse_warning(step: int, run_dir: Path) -> str:

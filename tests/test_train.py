@@ -27,11 +27,20 @@ from selfplay.checkpoint import STATE_FILE, checkpoint_problem, checkpoint_step,
 from selfplay.cli import main
 from selfplay.config import load_config
 from selfplay.errors import UserError
+from selfplay.evaluation.training_curve import read_evaluations
 from selfplay.league.manager import League
 from selfplay.learner import Learner, NonFiniteUpdate
 from selfplay.run_dir import RunDir
 from selfplay.tracking import Trackers
-from selfplay.train import COLLAPSE_STEPS, RunBar, Trainer, TrainingDiverged, run_stopped_by, train_command
+from selfplay.train import (
+    COLLAPSE_STEPS,
+    RunBar,
+    Trainer,
+    TrainingDiverged,
+    run_stopped_by,
+    tracker_runs,
+    train_command,
+)
 
 TINY = [
     "steps=2",
@@ -227,12 +236,21 @@ def test_an_evaluation_during_training_names_each_pairing_and_its_games_done_on_
     monkeypatch.setattr(RunBar, "set_description_str", lambda bar, text, refresh=True: shown.append(text))
     overrides = [*TINY, "steps=1", "eval.every=1", "eval.before_training=false", "eval.games=[kuhn_poker]"]
     Trainer(load_config(None, [*overrides, "eval.episodes=2", f"model={tiny_model_dir}", f"run_dir={tmp_path}"])).run()
-    assert shown == [
+    assert shown[:2] == [
         "eval at step 1: kuhn_poker vs random, 1/2 games",
         "eval at step 1: kuhn_poker vs random, 2/2 games",
-        "eval at step 1: kuhn_poker, exact exploitability",
-        "train",
     ]
+    assert shown[-2:] == ["eval at step 1: kuhn_poker, exact exploitability, 24/24 answers scored", "train"]
+
+
+def test_a_multi_turn_run_says_why_it_has_no_exact_non_loss_figure(tiny_model_dir, tmp_path, capsys):
+    overrides = [*TINY, "steps=1", "games={tictactoe: 1}", "rollout.observation_mode=multi_turn", "eval.every=1"]
+    overrides += ["eval.before_training=false", "eval.episodes=2", f"model={tiny_model_dir}", f"run_dir={tmp_path}"]
+    Trainer(load_config(None, overrides), progress=False).run()
+    assert "No exact non-loss figure for tictactoe: it reads one prompt per position" in capsys.readouterr().out
+    (evaluation,) = read_evaluations(RunDir(tmp_path).eval_log)
+    assert "eval/tictactoe/random/wins_rate" in evaluation.figures
+    assert not any("exact" in name for name in evaluation.figures)
 
 
 def test_a_run_stops_at_its_first_non_finite_update_and_keeps_its_last_good_checkpoint(
@@ -600,3 +618,19 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_with_its_last_checkpoint_whole(run_c
     )
     assert stopped and int(stopped[1]) >= int(stopped[2]) >= 4 and stopped[3] == str(run_copy)
     assert checkpoint_problem(checkpoints / f"step-{int(stopped[2]):06d}") is None
+
+
+def test_a_run_ends_naming_where_its_wandb_and_mlflow_runs_are_seen(monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    offline = ["run_dir=runs/a", "logging.wandb.project=p", "logging.wandb.mode=offline"]
+    offline += ["logging.mlflow.tracking_uri=sqlite:///mlflow.db", "logging.mlflow.experiment=e"]
+    assert tracker_runs(load_config(None, offline), {"wandb": "w1", "mlflow": "m1"}) == [
+        "the W&B run w1 in project p: upload it with wandb sync runs/a/wandb/offline-run-*",
+        "the MLflow run m1 in experiment e: mlflow ui --backend-store-uri sqlite:///mlflow.db",
+    ]
+    online = ["logging.wandb.project=p", "logging.mlflow.tracking_uri=http://host:5000"]
+    assert tracker_runs(load_config(None, online), {"wandb": "w1", "mlflow": "m1"}) == [
+        "the W&B run w1 in project p: at wandb.ai",
+        "the MLflow run m1 in experiment selfplay: at http://host:5000",
+    ]
+    assert tracker_runs(load_config(None, online), {}) == []
