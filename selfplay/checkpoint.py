@@ -44,7 +44,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from selfplay.errors import UserError
-from selfplay.files import WRITE_FAILURES, WriteError, file_sha256, write_failure
+from selfplay.files import WRITE_FAILURES, WriteError, file_sha256, set_file_permissions_from_directory, write_failure
 from selfplay.run_dir import RunDir
 from selfplay.training_state import FILES_LAYOUT, SHARDED_LAYOUT
 
@@ -89,6 +89,7 @@ def save_checkpoint(
         for name, (exploiter, exploiter_state) in exploiters.items():
             _write(scratch / EXPLOITERS_DIR / name, step, exploiter, exploiter_state)
         _write(scratch, step, learner, state)
+        set_file_permissions_from_directory(scratch)
         _write_manifest(scratch)
     except (*WRITE_FAILURES, WriteError) as err:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -114,6 +114,16 @@ def published_directory(path: str | Path, what: str) -> Iterator[Path]:
         raise
 
 
+def set_file_permissions_from_directory(directory: Path) -> None:
+    """Give every file under `directory` the permissions a new file gets where the directory was
+    made (its own, less execute: 0644 under the usual umask): safetensors writes its files 0600,
+    which would leave a model's weights alone unreadable to the others who may read the rest."""
+    mode = directory.stat().st_mode & 0o666
+    for path in directory.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            path.chmod(mode)
+
+
 def replace_text(path: str | Path, text: str, what: str) -> None:
     """`path` now holds `text`, on disk, whole or not at all."""
     with published(path, what) as partial:

@@ -49,7 +49,7 @@ from selfplay.default_model import (
     resolve_model,
 )
 from selfplay.errors import UserError
-from selfplay.files import WriteError, file_sha256, published_directory
+from selfplay.files import WriteError, file_sha256, published_directory, set_file_permissions_from_directory
 from selfplay.rollouts import RolloutSettings
 from selfplay.run_dir import RunDir, is_adapter
 
@@ -320,3 +320,4 @@ def _save_model(model: ModelSpec, directory: Path) -> None:
     tokenizer.save_pretrained(directory)
     record["sha256"] = file_checksums(directory)
     (directory / BUILD_INFO).write_text(json.dumps(record, indent=2) + "\n")
+    set_file_permissions_from_directory(directory)

@@ -408,7 +408,8 @@ def test_export_keeps_what_it_did_not_write_and_makes_its_directory_as_any_other
     micro_model_dir, workdir, monkeypatch, capsys
 ):
     """A file put into the empty target while the model loads is kept, and the model not written
-    there; a new or empty target gets a new directory's permissions (the umask's)."""
+    there; a new or empty target gets a new directory's permissions (the umask's), and its files a
+    new file's."""
     network = ModelSpec.network
 
     def network_while_a_file_arrives(self, *args, **kwargs):
@@ -427,6 +428,10 @@ def test_export_keeps_what_it_did_not_write_and_makes_its_directory_as_any_other
         for target in ("empty", "new"):
             assert run_cli(["export", str(micro_model_dir), target], capsys) == 0
             assert stat.S_IMODE((workdir / target).stat().st_mode) == 0o750
+            # Every file as a new file gets, the weights too (safetensors writes them 0600).
+            files = list((workdir / target).iterdir())
+            assert {stat.S_IMODE(path.stat().st_mode) for path in files} == {0o640}
+            assert "model.safetensors" in {path.name for path in files}
     finally:
         os.umask(umask)
 

@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -414,6 +415,14 @@ def test_a_checkpoint_whose_name_and_step_disagree_is_refused(run_copy):
     with pytest.raises(UserError, match="holds step 1, not the step 3 its name says.*Rename it to step-000001"):
         resume(run_copy, ["steps=4"])
     assert [checkpoint_step(p) for p in list_checkpoints(run_copy)[:2]] == [1, 2]  # nothing rewound or overwritten
+
+
+def test_every_file_of_a_checkpoint_has_a_new_files_permissions(finished_run):
+    umask = os.umask(0)
+    os.umask(umask)
+    checkpoint_files = [p for p in (RunDir(finished_run).checkpoints / "step-000003").rglob("*") if p.is_file()]
+    assert {stat.S_IMODE(path.stat().st_mode) for path in checkpoint_files} == {0o666 & ~umask}
+    assert {"model.safetensors", "rng.safetensors"} <= {path.name for path in checkpoint_files}
 
 
 def test_resuming_a_run_at_or_past_its_steps_says_so(run_copy, capsys):
