@@ -85,3 +85,10 @@ def few_games_warning(
         f"Elo from fewer than {MIN_ELO_GAMES} decided games is too uncertain to rank by: "
         f"{', '.join(few)}; raise {setting} for more."
     )
+
+
+def elo_text(rating: float, interval: Sequence[float | None]) -> str:
+    """An Elo rating and its 95% interval, an unbounded end as inf: "240 [-7, +488]"."""
+    low = "-inf" if interval[0] is None else f"{interval[0]:+.0f}"
+    high = "inf" if interval[1] is None else f"{interval[1]:+.0f}"
+    return f"{rating:.0f} [{low}, {high}]"

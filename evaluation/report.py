@@ -14,7 +14,7 @@ from pathlib import Path
 
 from selfplay.evaluation.game_kinds import COOPERATIVE, GENERAL_SUM, WIN_LOSS, GameKind, headline
 from selfplay.evaluation.paired import ALL_OPPONENTS, summary_line
-from selfplay.evaluation.ratings import MIN_ELO_GAMES, few_games_warning
+from selfplay.evaluation.ratings import MIN_ELO_GAMES, elo_text, few_games_warning
 from selfplay.evaluation.significance import (
     BETTER,
     FALSE_VERDICTS_NOTE,
@@ -133,7 +133,9 @@ def verdict_summary(results: dict) -> list[str]:
                 lines.append(f"  {r['game']} vs {r['opponent']}: {r['figure']} {r['verdict']} ({change})")
     for game, table in results["round_robin"].items():
         if GameKind(**table["kind"]).has_winners:
-            elo = ", ".join(f"{n} {_elo(e, ci)}" for n, e, ci in zip(table["players"], table["elo"], table["elo_ci95"]))
+            elo = ", ".join(
+                f"{n} {elo_text(e, ci)}" for n, e, ci in zip(table["players"], table["elo"], table["elo_ci95"])
+            )
             lines.append(f"round robin, {game}: Elo {elo}")
             warning = few_games_warning(table["players"], table["wins"], table["draws"], "--episodes")
             lines += [f"  warning: {warning}"] if warning else []
@@ -167,13 +169,6 @@ def _with_interval(value: float, ci: list[float] | None) -> str:
 
 def _rate_with_interval(value: float, ci: list[float]) -> str:
     return f"{value:.3f} [{ci[0]:.2f}, {ci[1]:.2f}]"
-
-
-def _elo(rating: float, interval: list[float | None]) -> str:
-    """An Elo rating and its interval, an unbounded end as inf."""
-    low = "-inf" if interval[0] is None else f"{interval[0]:+.0f}"
-    high = "inf" if interval[1] is None else f"{interval[1]:+.0f}"
-    return f"{rating:.0f} [{low}, {high}]"
 
 
 def pairing_words(skip: dict) -> str:
@@ -495,7 +490,7 @@ def _round_robin(table: dict) -> list[str]:
     for i, name in enumerate(names):
         wins, draws, games = sum(table["wins"][i]), sum(table["draws"][i]), sum(table["games"][i])
         truncated = games - wins - draws - sum(row[i] for row in table["wins"])
-        elo = _elo(table["elo"][i], table["elo_ci95"][i])
+        elo = elo_text(table["elo"][i], table["elo_ci95"][i])
         lines.append(f"| {name} | {elo} | {wins} | {draws} | {truncated} | {games} |")
     warning = few_games_warning(names, table["wins"], table["draws"], "--episodes")
     return lines + (["", f"**Warning:** {warning}"] if warning else [])

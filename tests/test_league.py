@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -350,7 +351,7 @@ def test_league_show_prints_standings_payoff_lineage_and_meta_strategy(tiny_mode
     assert {"main", "main@000000", "random"} <= set(standings)
     assert len(list(csv.DictReader((tmp_path / "csv" / "matches.csv").open()))) == len(matches)
     # The payoff matrix says that it pools games and seats, which payoff.csv keeps apart.
-    assert "Payoff, every game and seat pooled (payoff.csv, written by --csv DIR, keeps them apart)" in out
+    assert "Payoffs, one table a game, seats pooled (payoff.csv, written by --csv DIR, keeps them apart)" in out
     payoff = list(csv.DictReader((tmp_path / "csv" / "payoff.csv").open()))
     assert {(row["game"], row["role"]) for row in payoff} >= {("tictactoe", "player_0"), ("kuhn_poker", "player_1")}
     # The snapshot taken after the last step has played no game: its Elo and win rate are blank, not NaN.
@@ -383,6 +384,62 @@ def test_league_show_prints_standings_payoff_lineage_and_meta_strategy(tiny_mode
     assert all(torch.equal(served.model.state_dict()[k], v) for k, v in load_file(str(snapshot)).items())
     with pytest.raises(UserError, match="not a league snapshot"):
         find_candidates([str(tmp_path / "elsewhere@3.safetensors")])
+
+
+def _decided(step: int, game: str, players: tuple[str, str], rewards: tuple[float, float]) -> LeagueMatch:
+    return LeagueMatch(step, game, step, players, ("player_0", "player_1"), (step, step), rewards, "game_over")
+
+
+def test_league_show_credits_a_restarted_exploiters_games_to_its_snapshot_ranks_the_unplayed_last_and_names_columns(
+    tmp_path,
+):
+    """main_exploiter_0 restarted after step 2 (its snapshot main_exploiter_0@000002): its games of
+    steps 1-2 are the snapshot's, those of step 3 its own. main@000003, taken after the last step,
+    has played nothing: no rating, ranked last, whatever it inherited."""
+    store = LeagueStore(RunDir(tmp_path).league_store)
+    store.add_players(
+        [
+            LeaguePlayer("main", "main", 0),
+            LeaguePlayer("main_exploiter_0", "main_exploiter", 0),
+            LeaguePlayer("random", "scripted", 0),
+        ]
+    )
+    won, lost = (1.0, -1.0), (-1.0, 1.0)
+    store.record_step(
+        1, [_decided(1, "kuhn_poker", ("main_exploiter_0", "main"), won)] * 20, ratings={"main": (20.0, 5.0)}
+    )
+    exploiter_snapshot = LeaguePlayer(
+        "main_exploiter_0@000002", "snapshot", 2, "main_exploiter_0", "league/a.safetensors"
+    )
+    at_2 = {"main_exploiter_0@000002": (24.0, 6.0), "random": (10.0, 5.0)}
+    store.record_step(2, [_decided(2, "tictactoe", ("main", "random"), won)] * 30, [exploiter_snapshot], ratings=at_2)
+    latest = LeaguePlayer("main@000003", "snapshot", 3, "main", "league/b.safetensors")
+    ratings = {"main": (20.0, 5.0), "main@000003": (30.0, 5.0), "main_exploiter_0": (25.0, 8.0)}
+    store.record_step(3, [_decided(3, "kuhn_poker", ("main_exploiter_0", "main"), lost)] * 8, [latest], ratings=ratings)
+    store.close()
+    out = show(tmp_path, decay=1.0)
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[5:10]}
+    assert list(rows) == ["main_exploiter_0", "main_exploiter_0@000002", "main", "random", "main@000003"]
+    assert rows["main_exploiter_0@000002"][-3:] == ["20", "1.00", "20/0/0"]
+    assert rows["main_exploiter_0"][-3:] == ["8", "0.00", "0/0/8"] and rows["main_exploiter_0"][2] == "25.0"
+    # No game: no rating of its own, though it inherited 30.0; ranked after every player that played.
+    assert rows["main@000003"][2:] == ["-", "-", "-", "0", "-", "0/0/0"]
+    # Elo with its 95% interval; a whole loss or win leaves an end unbounded.
+    assert re.search(r"\nmain_exploiter_0 +main_exploiter +25\.0 +8\.0 +\d+ \[-inf, \+\d+\] +8 ", out)
+    assert re.search(r"\nmain +main +20\.0 +5\.0 +\d+ \[\+\d+, \+\d+\] +58 ", out)
+    assert "Elo from fewer than 30 decided games is too uncertain to rank by: main_exploiter_0 (8), " in out
+    assert "main@000003 (" not in out  # no game: no Elo to warn about
+    # One payoff table a game, its columns named.
+    kuhn = out[out.index("Payoff in kuhn_poker") : out.index("Payoff in tictactoe")]
+    assert kuhn.splitlines()[1].split() == [
+        "row",
+        "vs",
+        "column",
+        "main",
+        "main_exploiter_0",
+        "main_exploiter_0@000002",
+    ]
+    assert "random" not in kuhn
 
 
 def test_league_show_names_a_run_without_a_league_or_with_a_damaged_one(tmp_path, capsys):

@@ -3,23 +3,26 @@ its store, as text or CSV files.
 
 Standings give each player's latest online rating (OpenSkill mu and sigma), an Elo fitted
 from every match it played (OpenSpiel's maximum-likelihood fit, undecayed counts, draws
-included), and its games, wins, draws and losses; a figure a player has none of (no game yet)
-is left blank. The payoff matrix is the league's own, with the decayed counts matchmaking
-uses, pooled over games and seats (payoff.csv keeps them apart). The latest policy is `main`
-everywhere: in the standings, the meta-strategy, TensorBoard's tags and the CSV files.
+included) with its 95% interval, and its games, wins, draws and losses; a figure a player has
+none of (no game yet) is left blank, and such players rank last (a new snapshot's rating is
+its parent's, not one it earned). An exploiter that restarted is a new player: the games of
+each earlier run of it are its snapshot's, which froze that run, as the league itself counts
+them (`League._forget`). The payoff matrices are the league's own, with the decayed counts
+matchmaking uses, one per game, seats pooled (payoff.csv keeps them apart). The latest policy
+is `main` everywhere: in the standings, the meta-strategy, TensorBoard's tags and the CSV files.
 """
 
 from __future__ import annotations
 
 import csv
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from selfplay.errors import UserError
-from selfplay.evaluation.ratings import fit_elo
+from selfplay.evaluation.ratings import decided_games, elo_intervals, elo_text, few_games_warning, fit_elo
 from selfplay.league.matchmaking import MAIN
 from selfplay.league.payoff import PayoffTable, pairwise_outcomes
 from selfplay.league.records import LEARNING_KINDS, LeagueMatch, LeaguePlayer
@@ -38,6 +41,7 @@ class Standing:
     mu: float | None  # None: never rated (a scripted agent that has met no one)
     sigma: float | None
     elo: float | None  # None: no game against another player
+    elo_ci95: list[float | None] | None  # an end None: unbounded (`elo_intervals`)
     games: int
     wins: int
     draws: int
@@ -74,9 +78,57 @@ def read_league(run_dir: str | Path) -> LeagueRecord:
         return LeagueRecord(str(run_dir), store.players(), store.matches(), store.ratings(), store.last_step())
 
 
+def by_run(players: list[LeaguePlayer], matches: list[LeagueMatch]) -> list[LeagueMatch]:
+    """`matches` with each game an exploiter played before a restart credited to the snapshot
+    that froze that run of it (taken at the end of a step, so that step's games are its)."""
+    restarts: dict[str, list[tuple[int, str]]] = {}
+    for player in players:
+        if player.kind == "snapshot" and player.parent is not None and player.parent != MAIN:
+            restarts.setdefault(player.parent, []).append((player.created_step, player.name))
+
+    def player_at(name: str, step: int) -> str:
+        return next((snapshot for frozen, snapshot in sorted(restarts.get(name, ())) if step <= frozen), name)
+
+    return [replace(m, players=tuple(player_at(name, m.step) for name in m.players)) for m in matches]
+
+
 def standings(players: list[LeaguePlayer], matches: list[LeagueMatch], ratings: list[tuple]) -> list[Standing]:
-    """One row per player, by online rating (best first)."""
+    """One row per player, by online rating (best first), those with no game last; each
+    exploiter's games since it last restarted (`by_run`)."""
     names = [p.name for p in players]
+    wins, draws = _results(names, by_run(players, matches))
+    played = [i for i in range(len(names)) if (wins[i] + wins[:, i] + draws[i]).sum()]
+    elo: dict[str, tuple[float, list[float | None]] | None] = dict.fromkeys(names)
+    if len(played) > 1:
+        among = np.ix_(played, played)
+        fitted = fit_elo(wins[among].tolist(), draws[among].tolist())
+        intervals = elo_intervals(fitted, wins[among].tolist(), draws[among].tolist())
+        elo.update({names[i]: figures for i, figures in zip(played, zip(fitted, intervals))})
+    latest = {player: (mu, sigma) for _, player, mu, sigma in ratings}
+    rows = []
+    for i, player in enumerate(players):
+        won, drawn, lost = wins[i].sum(), draws[i].sum(), wins[:, i].sum()
+        mu, sigma = latest.get(player.name, (None, None))
+        rating, interval = elo[player.name] or (None, None)
+        games = int(won + drawn + lost)
+        rows.append(
+            Standing(
+                player.name,
+                player.kind,
+                player.active,
+                mu,
+                sigma,
+                rating,
+                interval,
+                games,
+                *map(int, (won, drawn, lost)),
+            )
+        )
+    return sorted(rows, key=lambda r: (r.games == 0, np.inf if r.mu is None else -r.mu))
+
+
+def _results(names: list[str], matches: list[LeagueMatch]) -> tuple[np.ndarray, np.ndarray]:
+    """(wins, draws) between `names` in `matches`: `[i][j]` the games i won against j, drew with j."""
     index = {name: i for i, name in enumerate(names)}
     wins = np.zeros((len(names), len(names)), dtype=int)
     draws = np.zeros_like(wins)
@@ -87,30 +139,7 @@ def standings(players: list[LeaguePlayer], matches: list[LeagueMatch], ratings: 
                 wins[a, b] += 1
             elif outcome == 0.5:
                 draws[a, b] += 1
-    played = [i for i in range(len(names)) if (wins[i] + wins[:, i] + draws[i]).sum()]
-    elo: dict[str, float | None] = dict.fromkeys(names)
-    if len(played) > 1:
-        fitted = fit_elo(wins[np.ix_(played, played)].tolist(), draws[np.ix_(played, played)].tolist())
-        elo.update({names[i]: value for i, value in zip(played, fitted)})
-    latest = {player: (mu, sigma) for _, player, mu, sigma in ratings}
-    rows = []
-    for i, player in enumerate(players):
-        won, drawn, lost = wins[i].sum(), draws[i].sum(), wins[:, i].sum()
-        mu, sigma = latest.get(player.name, (None, None))
-        row = Standing(
-            player.name,
-            player.kind,
-            player.active,
-            mu,
-            sigma,
-            elo[player.name],
-            int(won + drawn + lost),
-            int(won),
-            int(drawn),
-            int(lost),
-        )
-        rows.append(row)
-    return sorted(rows, key=lambda r: np.inf if r.mu is None else -r.mu)
+    return wins, draws
 
 
 def lineage(players: list[LeaguePlayer]) -> list[str]:
@@ -133,14 +162,14 @@ def payoff_table(matches: list[LeagueMatch], decay: float) -> PayoffTable:
 
 
 def format_standings(rows: list[Standing]) -> str:
-    header = ("player", "kind", "rating", "±", "elo", "games", "win rate", "w/d/l")
+    header = ("player", "kind", "rating", "±", "elo [95% interval]", "games", "win rate", "w/d/l")
     body = [
         (
             r.player + ("" if r.active else " (retired)"),
             r.kind,
-            _figure(r.mu, ".1f"),
-            _figure(r.sigma, ".1f"),
-            _figure(r.elo, ".0f"),
+            _figure(r.mu if r.games else None, ".1f"),
+            _figure(r.sigma if r.games else None, ".1f"),
+            "-" if r.elo is None else elo_text(r.elo, r.elo_ci95),
             str(r.games),
             _figure(r.win_rate, ".2f"),
             f"{r.wins}/{r.draws}/{r.losses}",
@@ -156,20 +185,35 @@ def _figure(value: float | None, spec: str) -> str:
 
 def standings_text(league: LeagueRecord) -> str:
     """The standings block of `league show`, which a league run also ends with."""
+    names = [p.name for p in league.players]
+    wins, draws = _results(names, by_run(league.players, league.matches))
+    played = {name for name, count in zip(names, decided_games(wins, draws).sum(axis=1)) if count}
+    warning = (
+        few_games_warning(*_among(names, wins, draws, played), "steps or rollout.games_per_step") if played else None
+    )
     return (
-        f"Standings after step {league.last_step} (rating: OpenSkill mu ± sigma; elo: fitted to every match; "
-        "win rate: draws count half; -: no game yet)\n"
+        f"Standings after step {league.last_step} (rating: OpenSkill mu ± sigma; elo: fitted to every match, "
+        "over every game; win rate: every game, draws count half; -: no game yet; an exploiter's games since it "
+        "last restarted, the earlier ones its snapshot's)\n"
         + format_standings(standings(league.players, league.matches, league.ratings))
+        + ("" if warning is None else f"\n{warning}")
     )
 
 
-def format_payoff(names: list[str], table: PayoffTable) -> str:
-    """Row player's decayed win rate against the column player, with the decayed game count."""
-    rates, games = table.matrix(names)
-    short = [str(i) for i in range(len(names))]
+def _among(names: list[str], wins: np.ndarray, draws: np.ndarray, kept: set[str]) -> tuple:
+    """`names`, `wins` and `draws` cut down to the players in `kept`."""
+    index = [i for i, name in enumerate(names) if name in kept]
+    among = np.ix_(index, index)
+    return [names[i] for i in index], wins[among], draws[among]
+
+
+def format_payoff(names: list[str], table: PayoffTable, game: str | None = None) -> str:
+    """Row player's decayed win rate against the column player (in `game`, or every game), with
+    the decayed game count."""
+    rates, games = table.matrix(names, game)
     body = [
         (
-            f"{i} {name}",
+            name,
             *(
                 "-" if i == j or not games[i, j] else f"{rates[i, j]:.2f} ({games[i, j]:.0f})"
                 for j in range(len(names))
@@ -177,7 +221,7 @@ def format_payoff(names: list[str], table: PayoffTable) -> str:
         )
         for i, name in enumerate(names)
     ]
-    return _table(("row vs column", *short), body)
+    return _table(("row vs column", *names), body)
 
 
 def _table(header: tuple[str, ...], body: list[tuple[str, ...]]) -> str:
@@ -191,15 +235,21 @@ def show(run_dir: str | Path, decay: float, csv_dir: str | Path | None = None) -
     """The text `selfplay league show` prints; with `csv_dir`, the tables as CSV files there."""
     league = read_league(run_dir)
     players, matches = league.players, league.matches
-    table = payoff_table(matches, decay)
-    shown = [p.name for p in players if p.active and any(p.name in m.players for m in matches)]
+    credited = by_run(players, matches)
+    table = payoff_table(credited, decay)
+    payoffs = []
+    for game in dict.fromkeys(m.game for m in matches):
+        met = {name for m in credited if m.game == game for name in m.players}
+        shown = [p.name for p in players if p.active and p.name in met]
+        payoffs.append(f"Payoff in {game}\n{format_payoff(shown, table, game)}")
     text = "\n\n".join(
         [
             f"League of {run_dir}: {len(players)} players, {len(matches)} matches, through step {league.last_step}.",
             standings_text(league),
-            "Payoff, every game and seat pooled (payoff.csv, written by --csv DIR, keeps them apart): the row "
+            "Payoffs, one table a game, seats pooled (payoff.csv, written by --csv DIR, keeps them apart): the row "
             "player's\ndecayed win rate against the column player, draws counting half, and in brackets the decayed "
-            "games\n" + format_payoff(shown, table),
+            "games",
+            *payoffs,
             "Snapshot lineage\n" + "\n".join(lineage(players)),
         ]
     )
