@@ -205,7 +205,10 @@ class OpenSpielGame(TextGame):
         moves are written (`openspiel_rules`); native games write their own."""
         game = self.defined_game
         kind = game.get_type()
-        info = "perfect" if kind.information == pyspiel.GameType.Information.PERFECT_INFORMATION else "imperfect"
+        info = "imperfect information"
+        if kind.information == pyspiel.GameType.Information.PERFECT_INFORMATION:
+            # OpenSpiel's word for a simultaneous game whose choices are all shown once made.
+            info = "perfect information of past rounds" if self.simultaneous_game else "perfect information"
         order = (
             "its moves are simultaneous: each round every player chooses a move in turn, player 0 first, and no "
             "player sees another's choice of that round until all have chosen"
@@ -215,7 +218,7 @@ class OpenSpielGame(TextGame):
         rules = rules_for(game)
         return (
             f"You are playing {kind.long_name} (OpenSpiel game '{game}'), a {utility_kind(game)} game for "
-            f"{self.num_players} players with {info} information, {order}; a game lasts at most "
+            f"{self.num_players} players with {info}, {order}; a game lasts at most "
             f"{self.max_length} moves.\nObjective: {rules.objective}\nHow a move is written: {rules.moves} "
             f"Each turn you see the state as OpenSpiel draws it and your legal moves; answer with one of them."
         )

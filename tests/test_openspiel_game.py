@@ -97,6 +97,9 @@ def test_the_rules_say_moves_are_simultaneous_and_list_a_matrix_games_payoffs():
     assert "OpenSpiel game 'goofspiel(num_cards=4)'" in goofspiel.rules and "Score more points" in goofspiel.rules
     assert "Cooperate against Defect: 0 and 10; Defect against Cooperate: 10 and 0" in rps.rules
     assert "player 0 moving first" in make_game("openspiel:tic_tac_toe").rules
+    # OpenSpiel calls goofspiel perfect-information: every bid is shown, once the round's are all made.
+    assert "2 players with perfect information of past rounds, its moves are simultaneous" in goofspiel.rules
+    assert "with perfect information, player 0 moving first" in make_game("openspiel:tic_tac_toe").rules
 
 
 def test_mcts_refuses_a_simultaneous_game_in_one_line_and_nash_solves_one(capfd):
