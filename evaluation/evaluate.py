@@ -148,12 +148,13 @@ def outcome_stats(trajectories: Iterable[Trajectory], label: str, kind: GameKind
     comparisons rely on (`play_opponents` gives the match order). A game ended by an invalid
     move counts with the returns that `InvalidMovePolicy` gave it."""
     trajectories = list(trajectories)
-    games: list[tuple[int, float, float, str]] = []  # (seat, its return, the others' mean, outcome) per game
+    games: list[tuple[int, float, float | None, str]] = []  # (seat, its return, the others' mean, outcome) per game
     for trajectory in trajectories:
         result = trajectory.result
         seat = result.players.index(label)
         others = [r for s, r in enumerate(result.rewards) if s != seat]
-        games.append((seat, result.rewards[seat], sum(others) / len(others), game_outcome(result, seat)))
+        others_mean = sum(others) / len(others) if others else None  # a one-seat game has no others
+        games.append((seat, result.rewards[seat], others_mean, game_outcome(result, seat)))
     turns, invalid, tokens = turn_counts(trajectories, label)
     seats = sorted({seat for seat, *_ in games})
     role_figures = [

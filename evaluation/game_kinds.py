@@ -10,7 +10,8 @@ them from their game type).
 - `general_sum`: a game that is not zero-sum (auctions, bargaining): both sides can gain, and
   nobody wins. The primary figure is each side's own mean return.
 - `cooperative`: every seat gets the same return (Hanabi): one team score, which nobody wins
-  against the others. The primary figure is the mean return, the team's score.
+  against the others. The primary figure is the mean return, the team's score. A one-seat game
+  (arithmetic) is a team of one.
 
 In every kind, a game stopped by a turn cap (`game_outcome`: truncated) counts with its returns
 in mean returns, and is neither a win, a draw nor a loss.
@@ -37,7 +38,7 @@ class GameKind:
 
     @classmethod
     def of(cls, game: TextGame) -> GameKind:
-        if game.cooperative:
+        if game.cooperative or game.num_players == 1:  # a one-seat game is a team of one
             return cls(COOPERATIVE, game.big_blind)
         if not game.zero_sum:
             return cls(GENERAL_SUM, game.big_blind)

@@ -30,9 +30,9 @@ class AgentRecord:
 
 def seat_outcome(rewards: tuple[float, ...], seat: int) -> str:
     """ "wins" when the seat's reward beats every other seat's, "losses" when another seat's
-    beats it, "draws" otherwise."""
+    beats it, "draws" otherwise (alone at the table, too)."""
     mine = rewards[seat]
-    best_other = max(r for s, r in enumerate(rewards) if s != seat)
+    best_other = max((r for s, r in enumerate(rewards) if s != seat), default=mine)
     return "wins" if mine > best_other else "losses" if mine < best_other else "draws"
 
 

@@ -187,6 +187,15 @@ def test_general_sum_games_report_each_sides_return_and_no_wins():
     assert not {"wins", "wins_rate"} & set(stats["seats"]["0"])
 
 
+def test_a_one_seat_game_is_judged_by_its_mean_return_as_a_team_of_one():
+    kind = GameKind.of(make_game("arithmetic"))
+    assert kind == GameKind(COOPERATIVE)
+    trajectories = [_trajectory(("policy",), (1.0,)), _trajectory(("policy",), (0.0,))]
+    stats = outcome_stats(trajectories, "policy", kind)
+    assert stats["mean_return"] == 0.5 and stats["returns"] == [1.0, 0.0]
+    assert primary_figures(stats | {"kind": {"name": kind.name}}) == {"mean_return": 0.5}
+
+
 def test_truncated_games_count_in_mean_returns_and_in_no_win_draw_or_loss():
     trajectories = [
         _trajectory(("policy", "random"), (1.0, -1.0)),
