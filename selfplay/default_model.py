@@ -42,6 +42,7 @@ DEFAULT_MODEL = "default"
 DEFAULT_MODEL_VERSION = 7
 BUILD_INFO = "selfplay_build.json"
 GGUF_PREFIX = "gguf:"
+GGUF_MAGIC = b"GGUF"  # the first four bytes of every GGUF file
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.")  # how a GGUF names the tensors of layer N: blk.N.attn_q.weight, ...
 # How `play` and `eval` ask the default model unless an option says otherwise (its build record's
 # `rollout`, read as an exported run's is): it learned legal moves, not to write them in free text.
@@ -157,7 +158,14 @@ def _packaged_gguf(package: str) -> Path:
 
 
 def converted_gguf(gguf: Path) -> Path:
-    """The model directory converted from the GGUF file `gguf`: SELFPLAY_HOME/models/gguf/SHA256."""
+    """The model directory converted from the GGUF file `gguf`: SELFPLAY_HOME/models/gguf/SHA256.
+    A file that is not GGUF at all is refused before anything is written."""
+    with gguf.open("rb") as file:
+        if file.read(len(GGUF_MAGIC)) != GGUF_MAGIC:
+            raise UserError(
+                f"'{gguf}' is not a GGUF file: it does not begin with GGUF's magic bytes ({GGUF_MAGIC.decode()}). "
+                "Give the path of a model's .gguf file, or the model as a Hugging Face directory or hub name."
+            )
     return converted_once(gguf, "gguf", lambda path: convert_gguf(gguf, path))
 
 
@@ -366,12 +374,29 @@ def _build_lock(path: Path):
     except ImportError:  # not POSIX: build without a lock
         yield
         return
-    with open(path.parent / f".{path.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    lock_path = path.parent / f".{path.name}.lock"
+    while True:
+        with open(lock_path, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                # The holder before us removes the file as it finishes: ours is then no longer the
+                # one at lock_path, which a newcomer may hold, so open it anew.
+                if _is_file_at(lock, lock_path):
+                    try:
+                        yield
+                    finally:
+                        lock_path.unlink(missing_ok=True)  # still held: no one takes it meanwhile
+                    return
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _is_file_at(handle, path: Path) -> bool:
+    """Whether the open file `handle` is the file at `path` now."""
+    try:
+        return os.path.samestat(os.fstat(handle.fileno()), os.stat(path))
+    except FileNotFoundError:
+        return False
 
 
 def build_default_model(

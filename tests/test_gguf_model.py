@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from selfplay import default_model
-from selfplay.default_model import BUILD_INFO, gguf_file, resolve_model
+from selfplay.default_model import BUILD_INFO, build_once, gguf_file, resolve_model
 from selfplay.errors import UserError
 from selfplay.files import WriteError
 
@@ -158,7 +158,7 @@ def test_processes_asking_at_once_convert_once(conversions):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("damage", ["cut in its weights", "cut in its metadata", "not a gguf"])
+@pytest.mark.parametrize("damage", ["cut in its weights", "cut in its metadata"])
 def test_a_corrupt_gguf_is_refused_with_the_fix(monkeypatch, tmp_path, damage):
     """A download cut short ends in the weights: the metadata, with the vocabulary, comes first."""
     monkeypatch.setenv("SELFPLAY_HOME", str(tmp_path / "home"))
@@ -166,13 +166,45 @@ def test_a_corrupt_gguf_is_refused_with_the_fix(monkeypatch, tmp_path, damage):
     corrupt = tmp_path / "model.gguf"
     if damage == "cut in its weights":
         corrupt.write_bytes(whole[:-1])
-    elif damage == "cut in its metadata":
-        corrupt.write_bytes(whole[:1_000_000])
     else:
-        corrupt.write_bytes(b"\0" * 64)
+        corrupt.write_bytes(whole[:1_000_000])
     with pytest.raises(UserError, match=r"is not a whole GGUF file .*cut short or damaged\. Download it again"):
         resolve_model(str(corrupt))
-    assert not [path for path in (tmp_path / "home" / "models" / "gguf").iterdir() if path.is_dir()]
+    assert list((tmp_path / "home" / "models" / "gguf").iterdir()) == []  # no model, no lock
+
+
+@pytest.mark.parametrize("content", [b"hello\n", b"\0" * 64, b""], ids=["text", "zeros", "empty"])
+def test_a_file_that_is_not_gguf_at_all_is_refused_as_such_before_anything_is_written(
+    monkeypatch, tmp_path, capsys, content
+):
+    monkeypatch.setenv("SELFPLAY_HOME", str(tmp_path / "home"))
+    (tmp_path / "x.gguf").write_bytes(content)
+    with pytest.raises(UserError, match=r"x\.gguf' is not a GGUF file: it does not begin with GGUF's magic bytes"):
+        resolve_model(str(tmp_path / "x.gguf"))
+    assert not (tmp_path / "home").exists() and "Converting" not in capsys.readouterr().err
+
+
+def test_a_build_removes_its_lock_whether_it_succeeds_or_fails(tmp_path):
+    def fails(path):
+        raise UserError("refused")
+
+    with pytest.raises(UserError, match="refused"):
+        build_once(tmp_path / "a", Path.exists, fails, "a")
+    built = []
+
+    def slow_build(path):
+        built.append(path)
+        time.sleep(0.05)  # the others wait on the lock meanwhile, then find it built
+        path.mkdir()
+
+    threads = [
+        threading.Thread(target=build_once, args=(tmp_path / "b", Path.exists, slow_build, "b")) for _ in range(4)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(built) == 1 and sorted(path.name for path in tmp_path.iterdir()) == ["b"]
 
 
 def write_gguf(path, architecture="llama", *, claimed_layers=2, claimed_width=8):
