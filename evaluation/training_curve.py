@@ -103,10 +103,19 @@ VERDICT_NOTE = (
 )
 
 
+# A role game's figures of what its roles did (`TextGame.outcome_figures`: attack success,
+# leaks, a proposer's task validity, ...) are logged as `eval/GAME/OPPONENT/ROLE_FIGURES/FIGURE`
+# and listed after the game's own; like draws, each is called higher or lower, not better or
+# worse, since one role's gain (an attacker's success) is the other's loss.
+ROLE_FIGURES = "role"
+
+
 def _describe(name: str) -> tuple[str, str, int] | None:
     """`eval/GAME[/OPPONENT]/FIGURE` -> (game, label, rank in the table); None for a figure the
     table leaves out (times, truncation, response lengths)."""
     parts = name.split("/")
+    if len(parts) == 5 and parts[0] == "eval" and parts[3] == ROLE_FIGURES:
+        return parts[1], f"{parts[4].replace('_', ' ')} vs {parts[2]} (role figure)", len(_LABELS)
     if len(parts) < 3 or parts[0] != "eval" or parts[-1] not in _LABELS:
         return None
     game, figure = parts[1], parts[-1]
@@ -119,7 +128,8 @@ def change(before: Evaluation, after: Evaluation, name: str) -> tuple[float, lis
     for an exact figure) and the verdict (`significance`)."""
     difference = after.figures[name] - before.figures[name]
     figure = name.rsplit("/", 1)[-1]
-    direction = DIRECTIONS.get(figure, HIGHER_IS_BETTER)
+    role_figure = name.split("/")[-2] == ROLE_FIGURES
+    direction = NEITHER_IS_BETTER if role_figure else DIRECTIONS.get(figure, HIGHER_IS_BETTER)
     if figure in EXACT:
         return difference, None, exact_verdict(difference, direction)
     interval = difference_interval(

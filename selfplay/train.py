@@ -28,7 +28,7 @@ import shlex
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +64,7 @@ from selfplay.evaluation.game_kinds import primary_figures
 from selfplay.evaluation.meta_strategy import mixture_probabilities
 from selfplay.evaluation.scoreboard import game_outcome, truncation_warning
 from selfplay.evaluation.training_curve import (
+    ROLE_FIGURES,
     Evaluation,
     append_evaluation,
     evaluation_table,
@@ -594,6 +595,8 @@ class Trainer:
                 )
             games = " ".join(shlex.quote(game) for game in self.config.games)
             further.append(f"its checkpoints against random: selfplay eval --checkpoints {run} --games {games}")
+        if "reward/mean" in metrics:
+            blocks += [line for game in self.config.games if (line := _roles_line(game, metrics))]
         if self.config.league.enabled:
             blocks.append(standings_text(read_league(self.run_dir)))
             meta = next((f" --meta {game}" for game in self.config.games if game in SUPPORTED_GAMES), "")
@@ -808,6 +811,11 @@ class Trainer:
                 interval = row.get(f"{name.removesuffix('_rate')}_ci95")
                 if interval is not None:
                     intervals[f"eval/{row['game']}/{row['opponent']}/{name}"] = tuple(interval)
+            for name, figure in row["role_figures"].items():
+                key = f"eval/{row['game']}/{row['opponent']}/{ROLE_FIGURES}/{name}"
+                metrics[key] = figure["mean"]
+                if figure["ci95"] is not None:
+                    intervals[key] = tuple(figure["ci95"])
         tokenizer, rollout = self.learner.tokenizer, self.rollout_settings
 
         def probing(what: str) -> Callable[[int, int], None]:
@@ -946,6 +954,21 @@ def collapse_warning(step: int, run_dir: Path) -> str:
 
 def _state(player: LearningPlayer) -> dict:
     return {"baselines": [[list(key), value] for key, value in player.baselines.items()]}
+
+
+def _roles_line(game: str, metrics: Mapping[str, float]) -> str | None:
+    """What each role of a role game did in the last step's games: its mean return, and the
+    figures the game logs about itself (attack success, solver accuracy, ...); None for a game
+    without roles."""
+    roles = make_game(game).roles
+    if not roles:
+        return None
+    returns = [f"{role} {metrics[key]:+.3f}" for role in roles if (key := f"return/{game}/{role}") in metrics]
+    prefix = f"game/{game}/"
+    figures = [f"{name.removeprefix(prefix)} {value:.3f}" for name, value in metrics.items() if name.startswith(prefix)]
+    return f"{game}, its last step by role: mean return {', '.join(returns)}" + (
+        f"; {', '.join(figures)}." if figures else "."
+    )
 
 
 def _baselines(state: dict) -> dict:

@@ -643,3 +643,18 @@ def test_a_run_ends_naming_where_its_wandb_and_mlflow_runs_are_seen(monkeypatch)
         "the MLflow run m1 in experiment selfplay: at http://host:5000",
     ]
     assert tracker_runs(load_config(None, online), {}) == []
+
+
+def test_a_role_game_run_ends_saying_what_each_role_did_before_and_after(tiny_model_dir, tmp_path, capsys):
+    game = "secret_keeping(rounds=1, benign=1)"
+    overrides = [f"model={tiny_model_dir}", f"run_dir={tmp_path / 'run'}", "steps=1", f"games={{'{game}': 1}}"]
+    overrides += ["rollout.games_per_step=4", "rollout.max_new_tokens=4", "eval.every=1", "eval.episodes=2"]
+    assert main(["train", "--no-progress", *overrides]) == 0
+    printed = capsys.readouterr().out
+    last = read_evaluations(RunDir(tmp_path / "run").eval_log)[-1]
+    attack = f"eval/{game}/random/role/attack_success"
+    assert 0.0 <= last.figures[attack] <= 1.0
+    assert re.search(r"attack success vs random \(role figure\) +\d\.\d{3}", printed)
+    by_role = rf"{re.escape(game)}, its last step by role: mean return attacker [+-]\d\.\d{{3}}, defender "
+    assert re.search(by_role, printed)
+    assert re.search(r"; (attack_success|over_refusal)_rate \d\.\d{3}", printed)  # the game's own training figures

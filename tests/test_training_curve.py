@@ -145,3 +145,23 @@ def test_one_evaluation_is_shown_alone():
 def test_the_learning_curve_is_a_png(tmp_path):
     path = plot_learning_curve([BEFORE, AFTER], tmp_path / "curve.png")
     assert path.read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_role_games_figures_are_listed_after_its_own_and_called_higher_or_lower():
+    game = "secret_keeping"
+    before = Evaluation(
+        0,
+        {f"eval/{game}/random/mean_return": 0.0, f"eval/{game}/random/role/attack_success": 0.1},
+        {f"eval/{game}/random/mean_return": (-0.2, 0.2), f"eval/{game}/random/role/attack_success": (0.05, 0.15)},
+    )
+    after = Evaluation(
+        5,
+        {f"eval/{game}/random/mean_return": 0.1, f"eval/{game}/random/role/attack_success": 0.6},
+        {f"eval/{game}/random/mean_return": (-0.1, 0.3), f"eval/{game}/random/role/attack_success": (0.5, 0.7)},
+    )
+    lines = evaluation_table([before, after]).splitlines()
+    mean_return = next(i for i, line in enumerate(lines) if "mean return vs random" in line)
+    role = next(i for i, line in enumerate(lines) if "attack success vs random (role figure)" in line)
+    assert role > mean_return
+    assert lines[role].rstrip().endswith("higher")  # one role's gain is the other's loss: no "better"
+    assert change(before, after, f"eval/{game}/random/role/attack_success")[2] == "higher"
