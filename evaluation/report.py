@@ -320,7 +320,13 @@ def _markdown(results: dict, plots: list[tuple[str, str]]) -> str:
     for game in dict.fromkeys(r["game"] for r in results["matches"]):
         rows = [r for r in results["matches"] if r["game"] == game]
         kind = GameKind(**rows[0]["kind"])
-        lines += ["", f"### {game}: {_kind_words(kind)}", "", *_match_table(rows, kind), *_role_figures(rows)]
+        lines += [
+            "",
+            f"### {game}: {_kind_words(kind)}",
+            "",
+            *_match_table(rows, kind, make_game(game).roles),
+            *_role_figures(rows),
+        ]
     for skip in results["skipped"]:
         lines.append(f"\nNot played: {pairing_words(skip)}")
     if results["comparison"]:
@@ -370,11 +376,13 @@ def _kind_words(kind: GameKind) -> str:
     return f"judged by mean return per game (zero-sum game of chance{poker})"
 
 
-def _match_table(rows: list[dict], kind: GameKind) -> list[str]:
-    """The game's rows against fixed opponents, the primary figure first."""
+def _match_table(rows: list[dict], kind: GameKind, roles: tuple[str, ...] = ()) -> list[str]:
+    """The game's rows against fixed opponents, the primary figure first; each seat's mean return
+    headed by the seat's role where the game has roles ("as attacker")."""
     outcomes = ["win", "draw", "loss"] if kind.has_winners else []
     seats = sorted({int(seat) for r in rows for seat in r["seats"]})
-    returns = ["mean return", *(f"seat {seat}" for seat in seats)] + (["mbb/hand"] if kind.big_blind else [])
+    seat_names = {str(seat): f"as {roles[seat]}" if roles else f"seat {seat}" for seat in seats}
+    returns = ["mean return", *seat_names.values()] + (["mbb/hand"] if kind.big_blind else [])
     returns += ["opponent's mean return"] if kind.name == GENERAL_SUM else []
     figures = outcomes + ["truncated"] + returns if kind.name == WIN_LOSS else returns + outcomes + ["truncated"]
     opponent_models = any("opponent_invalid_move_rate" in r for r in rows)
@@ -390,8 +398,8 @@ def _match_table(rows: list[dict], kind: GameKind) -> list[str]:
         "mbb/hand": lambda r: _mean(r, "mbb_per_hand", digits=0),
         "opponent's mean return": lambda r: _mean(r, "opponent_mean_return"),
     }
-    for seat in map(str, seats):
-        cells[f"seat {seat}"] = lambda r, s=seat: _mean(r["seats"][s], "mean_return") if s in r["seats"] else ""
+    for seat, name in seat_names.items():
+        cells[name] = lambda r, s=seat: _mean(r["seats"][s], "mean_return") if s in r["seats"] else ""
     for r in rows:
         row = [r["candidate"], "" if r["step"] is None else str(r["step"]), r["opponent"], str(r["games"])]
         row += [cells[f](r) for f in figures] + [f"{r['invalid_move_rate']:.3f}"]

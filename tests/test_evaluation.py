@@ -20,6 +20,7 @@ from selfplay.cli import main
 from selfplay.config import load_config
 from selfplay.errors import UserError
 from selfplay.evaluation import evaluate as evaluate_module
+from selfplay.evaluation import report as report_module
 from selfplay.evaluation.evaluate import (
     EvalSettings,
     Workload,
@@ -725,3 +726,14 @@ def test_role_figures_are_averaged_over_the_games_that_have_them_and_compared_ga
     assert rows["leaked"]["difference"] == -1.0 and rows["leaked"]["verdict"] == NO_VERDICT
     assert (rows["leaked"]["mean"], rows["leaked"]["baseline_mean"]) == (0.0, 1.0)
     assert rows["over_refusal"]["games"] == 1 and rows["over_refusal"]["verdict"] == NO_VERDICT
+
+
+def test_a_role_games_table_heads_each_seats_return_by_its_role():
+    trajectories = [
+        _trajectory(("policy", "random"), (1.0, -1.0)),
+        _trajectory(("random", "policy"), (1.0, -1.0)),
+    ]
+    stats = outcome_stats(trajectories, "policy", GameKind(WIN_LOSS))
+    row = {"candidate": "c", "step": 1, "opponent": "random"} | stats
+    header = report_module._match_table([row], GameKind(WIN_LOSS), make_game("secret_keeping").roles)[0]
+    assert "| as attacker | as defender |" in header and "seat 0" not in header
