@@ -3,7 +3,9 @@
 A run seats its learning players (the main player and the league's exploiters: each a learner
 and the backend serving its weights), the league's frozen snapshots (each served by a
 transformers backend, loaded when first matched) and scripted agents (seated by their specs).
-A LoRA learner's snapshot is its adapter alone, served over the main LoRA learner's own model
+Every LoRA learner (the main player's and the exploiters') trains an adapter of its own, with
+its own optimizer, over one frozen copy of the initial model, and with the `hf` backend
+generates with its own learner's model. A LoRA learner's snapshot is its adapter alone, served over the main LoRA learner's own model
 (`AdapterPool`: one base for every past player, a bounded number of adapters in memory); a
 full learner's snapshot is its whole weights, served by a copy of the model of its own. With
 `backend: vllm` and a LoRA main player, one vLLM engine serves the base model and every
@@ -98,7 +100,7 @@ class Roster:
         self.players: dict[str, LearningPlayer] = {}
         self.frozen: dict[str, PolicyBackend] = {}  # snapshots' backends, loaded when first matched
         self.snapshot_policies: dict[str, dict] = {}  # snapshots' move probabilities, once exact payoffs ask
-        self.shared_base = None  # the initial model under the exploiters' adapters, once needed
+        self.shared_base = None  # the initial model under every LoRA learner's adapter, once needed
         self.adapters: AdapterPool | None = None  # adapter snapshots over the main learner's model, once served
         self.adapter_engine: VLLMBackend | None = None  # the vLLM engine serving every adapter, if one does
 
@@ -107,13 +109,14 @@ class Roster:
     def add_learning_player(self, name: str, checkpoint: Path | None = None, version: int = 0) -> LearningPlayer:
         """Seat the learning player `name` (the main player, or an exploiter): a learner from
         `checkpoint` (or the initial model) and a backend serving its weights, synced as `version`.
-        Exploiters' LoRA adapters share one frozen copy of the initial model, and with the `hf`
-        backend they generate with their learner's own model: an exploiter costs its adapters and
+        Every LoRA learner (the main player's, the exploiters') trains its own adapter, with its
+        own optimizer, over one frozen copy of the initial model (`_shared_base`), and with the
+        `hf` backend generates with its learner's own model: a LoRA player costs its adapter and
         optimizer state, not another copy of the weights."""
         config = self.config
         exploiter = name != MAIN
         learner_config = self._exploiter_config() if exploiter else config.learner
-        shared_base = self._shared_base() if exploiter and learner_config.lora.rank > 0 else None
+        shared_base = self._shared_base() if learner_config.lora.rank > 0 else None
         settings = {
             "temperature": config.rollout.temperature,
             "token_sum_length": config.rollout.max_new_tokens,
@@ -202,6 +205,8 @@ class Roster:
         return adapter_engine_options(ranks, 1 + exploiters + (league.resident_adapters if league.enabled else 0))
 
     def _shared_base(self):
+        """The initial model in float32, loaded once: the frozen base under every LoRA learner's
+        adapter (each learner wraps a module tree of its own around these very tensors)."""
         if self.shared_base is None:
             from transformers import AutoModelForCausalLM
 

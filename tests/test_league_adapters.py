@@ -174,3 +174,50 @@ def _adapter_tensors(directory):
     from safetensors.torch import load_file
 
     return [t for name, t in load_file(str(directory / "adapter_model.safetensors")).items() if "lora_B" in name]
+
+
+def _adapter_state(learner: Learner) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in learner.model.named_parameters() if "lora_" in name}
+
+
+def _unchanged(before: dict[str, torch.Tensor], learner: Learner) -> bool:
+    return all(torch.equal(before[name], tensor) for name, tensor in _adapter_state(learner).items())
+
+
+def test_the_main_player_and_its_exploiters_train_their_own_adapters_over_one_base(tiny_model_dir, tmp_path):
+    overrides = [
+        "games={kuhn_poker: 1}",
+        "rollout.decoding=legal",
+        "learner.lora.rank=4",
+        "learner.lora.alpha=8",
+        "learner.lr=1e-2",
+        "league.enabled=true",
+        "league.main_exploiters=1",
+        "league.league_exploiters=1",
+        "league.exploiter_lora_rank=4",
+        f"model={tiny_model_dir}",
+        f"run_dir={tmp_path}",
+    ]
+    trainer = Trainer(load_config(None, overrides), progress=False)
+    roster = trainer.roster
+    learners = [player.learner for player in roster.players.values()]
+    assert len(learners) == 3
+    base = dict(roster.shared_base.named_parameters())
+    for player in roster.players.values():  # one base under every adapter, and each generates with its own
+        weights = {id(p) for name, p in player.learner.model.named_parameters() if "lora_" not in name}
+        assert weights == {id(p) for p in base.values()}
+        assert player.backend.shares_model and player.backend.model is player.learner.model
+    optimized = [{id(p) for group in learner.optimizer.param_groups for p in group["params"]} for learner in learners]
+    assert all(not (a & b) for i, a in enumerate(optimized) for b in optimized[i + 1 :])
+
+    frozen_base = {name: tensor.clone() for name, tensor in base.items()}
+    prompt = tuple(learners[0].tokenizer("Kuhn poker: you hold the king.")["input_ids"])
+    for trained in learners:  # each update moves its own adapter alone
+        before = [_adapter_state(learner) for learner in learners]
+        with torch.no_grad():
+            (logp,) = response_logprobs(trained.model, [prompt], [[5, 6]])
+        trained.update([Sample(prompt, (5, 6), tuple(logp.tolist()), 1.0)])
+        assert not _unchanged(before[learners.index(trained)], trained)
+        assert all(_unchanged(state, other) for state, other in zip(before, learners) if other is not trained)
+    assert all(torch.equal(frozen_base[name], tensor) for name, tensor in base.items())
+    trainer.close()
