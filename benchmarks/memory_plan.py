@@ -223,18 +223,33 @@ PUBLISHED = {
 }
 
 
+def linear_shapes(model: ModelShape) -> dict[str, tuple[int, int]]:
+    """The weight shapes (out, in) of one decoder layer's linear layers, by transformers' names:
+    every layer LoRA can adapt (the output head aside)."""
+    h, i = model.hidden_size, model.intermediate_size
+    q, kv = model.num_attention_heads * model.head_dim, model.num_key_value_heads * model.head_dim
+    return {
+        "q_proj": (q, h),
+        "k_proj": (kv, h),
+        "v_proj": (kv, h),
+        "o_proj": (h, q),
+        "gate_proj": (i, h),
+        "up_proj": (i, h),
+        "down_proj": (h, i),
+    }
+
+
 def decoder_layer_shapes(model: ModelShape) -> list[tuple[int, ...]]:
     """The parameter shapes of one decoder layer, as transformers builds them (out, in)."""
-    h, i, d = model.hidden_size, model.intermediate_size, model.head_dim
+    h, d = model.hidden_size, model.head_dim
     q, kv = model.num_attention_heads * d, model.num_key_value_heads * d
-    shapes = [(q, h), (kv, h), (kv, h), (h, q)]  # q, k, v, o projections
+    shapes: list[tuple[int, ...]] = list(linear_shapes(model).values())
     if model.qkv_bias:
         shapes += [(q,), (kv,), (kv,)]
     if model.o_bias:
         shapes += [(h,)]
     if model.qk_norm:
         shapes += [(d,), (d,)]  # one RMSNorm weight shared by all query heads, one by all key heads
-    shapes += [(i, h), (i, h), (h, i)]  # gate, up, down projections
     shapes += [(h,), (h,)]  # RMSNorm before attention and before the MLP
     return shapes
 
