@@ -14,6 +14,11 @@ several files for a large model) plus
 - `exploiters/NAME/`: the same for each of a league's exploiters (a LoRA learner's adapter in
   `adapter/`), so that the step of every learning player is saved, kept and deleted as one.
 
+A run that trains one adapter per role (`learner.adapter_per_role`) has no one policy to write:
+its checkpoint holds, in place of the model directory and the training state, `adapters/ROLE/`
+for each role, that role's adapter (`adapter/`, peft's format, over the run's initial model)
+and its optimizer's state.
+
 It is written to a hidden scratch directory and renamed into place, so a crash mid-write
 leaves the previous checkpoint as the latest complete one; a write that fails (a full disk)
 removes the scratch directory. The checkpoints that `keep` drops are deleted before the new one
@@ -45,22 +50,31 @@ from safetensors.torch import load_file, save_file
 
 from selfplay.errors import UserError
 from selfplay.files import WRITE_FAILURES, WriteError, file_sha256, set_file_permissions_from_directory, write_failure
-from selfplay.run_dir import RunDir
+from selfplay.run_dir import ADAPTER_CONFIG, RunDir
 from selfplay.training_state import FILES_LAYOUT, SHARDED_LAYOUT
 
 STATE_FILE = "trainer_state.json"
 MANIFEST = "manifest.json"
 EXPLOITERS_DIR = "exploiters"
+ROLE_ADAPTERS_DIR = "adapters"
+ADAPTER_DIR = "adapter"  # a LoRA learner's adapter, in its part of a checkpoint
 PREFIX = "step-"
 # Hidden names of a checkpoint being written and of one being deleted.
 PARTIAL, DELETING = ".partial", ".deleting"
 # What every learning player's part of a checkpoint holds: each tuple is a layout, one of which it
 # must hold in full (weights in one file or indexed files; training state as files or sharded).
 REQUIRED_FILES = (
+    ((STATE_FILE,),),
     (("config.json",),),
     (("model.safetensors",), ("model.safetensors.index.json",)),
     (FILES_LAYOUT, SHARDED_LAYOUT),
     (("rng.safetensors",),),
+)
+# What a checkpoint of one adapter per role holds: the trainer's part, and each role's.
+ROLE_CHECKPOINT_FILES = (((STATE_FILE,),), (("rng.safetensors",),))
+ROLE_ADAPTER_FILES = (
+    ((f"{ADAPTER_DIR}/{ADAPTER_CONFIG}", f"{ADAPTER_DIR}/adapter_model.safetensors"),),
+    (FILES_LAYOUT,),
 )
 # What a file that cannot be read raises: safetensors reports a cut-short file as SafetensorError.
 READ_ERRORS = (OSError, ValueError, KeyError, TypeError, SafetensorError)
@@ -175,10 +189,12 @@ def checkpoint_problem(path: Path, digests: bool = True) -> str | None:
     count)."""
     path = Path(path)
     exploiters = path / EXPLOITERS_DIR
-    for part in [path, *(sorted(exploiters.iterdir()) if exploiters.is_dir() else [])]:
-        if not (part / STATE_FILE).is_file():
-            return f"{(part / STATE_FILE).relative_to(path)} is missing"
-        for layouts in REQUIRED_FILES:
+    roles = role_adapters(path)
+    parts = [(path, ROLE_CHECKPOINT_FILES if roles else REQUIRED_FILES)]
+    parts += [(part, REQUIRED_FILES) for part in (sorted(exploiters.iterdir()) if exploiters.is_dir() else [])]
+    parts += [(role_adapter_part(path, role), ROLE_ADAPTER_FILES) for role in roles]
+    for part, required in parts:
+        for layouts in required:
             if not any(all((part / name).is_file() for name in layout) for layout in layouts):
                 missing = next(name for name in layouts[0] if not (part / name).is_file())
                 return f"{(part / missing).relative_to(path)} is missing"
@@ -212,6 +228,17 @@ def exploiter_checkpoint(checkpoint: Path, name: str) -> Path:
             "the league cannot resume from it. Start a new run."
         )
     return path
+
+
+def role_adapters(checkpoint: Path) -> list[str]:
+    """The roles of a checkpoint of one adapter per role, sorted; none for any other checkpoint."""
+    parts = Path(checkpoint) / ROLE_ADAPTERS_DIR
+    return sorted(part.name for part in parts.iterdir() if part.is_dir()) if parts.is_dir() else []
+
+
+def role_adapter_part(checkpoint: Path, role: str) -> Path:
+    """The part of `checkpoint` that holds the adapter of `role` and its training state."""
+    return Path(checkpoint) / ROLE_ADAPTERS_DIR / role
 
 
 def load_checkpoint(path: Path, learner) -> dict:

@@ -167,6 +167,10 @@ class LearnerConfig:
     max_grad_norm: Positive = 1.0
     precision: Literal["fp32", "bf16"] = "fp32"
     lora: LoraConfig = LoraConfig()
+    # In a role game (secret keeping's attacker and defender, proposer and solver): one LoRA
+    # adapter per role over one frozen base, each trained on its own role's turns and saved apart
+    # (checkpoints/step-N/adapters/ROLE/, loaded as RUN_DIR@ROLE); false trains one shared policy.
+    adapter_per_role: bool = False
     # Processes the learner runs as, one GPU each where there are GPUs: each update is
     # data-parallel over them, and the weights, gradients and optimizer state are sharded across
     # them (FSDP2). 1 is one process, unsharded. What each setting below costs: docs/scaling.md.
@@ -183,6 +187,11 @@ class LearnerConfig:
             raise UserError(
                 "learner.offload moves the sharded learner's state to CPU memory: set learner.processes above 1, "
                 "or learner.offload=false."
+            )
+        if self.adapter_per_role and self.lora.rank == 0:
+            raise UserError(
+                "learner.adapter_per_role trains a LoRA adapter for each role over one frozen base: set "
+                "learner.lora.rank above 0 (e.g. 8), or learner.adapter_per_role=false."
             )
         if self.processes > 1 and self.lora.rank > 0:
             raise UserError(

@@ -1,4 +1,5 @@
-"""The learner: one shared policy, trained on the turns of every role it played.
+"""The learner: one shared policy, trained on the turns of every role it played (or, with
+`learner.adapter_per_role`, one LoRA adapter per role over one base: `RoleLearners`).
 
 Each update takes `Sample`s (a turn's prompt and response ids, the sampler's log-probs and the
 turn's advantage) and runs a policy-gradient loss over the response tokens:
@@ -26,7 +27,7 @@ import contextlib
 import copy
 import functools
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from selfplay import training_state
 from selfplay.backends.base import save_weights, stop_ids
+from selfplay.checkpoint import ADAPTER_DIR, role_adapter_part
 from selfplay.config import LearnerConfig
 from selfplay.errors import UserError
 from selfplay.files import published_directory
@@ -66,6 +68,7 @@ class Sample:
     choices: Choices = ()  # the legal answers' ids when legal decoding sampled it (`selfplay.legal_decoding`)
     grammar: str = ""  # the answer's grammar when structured decoding sampled it (`selfplay.structured_decoding`)
     lag: int = 0  # policy versions between the sampler and the learner (asynchronous rollouts)
+    role: str = ""  # the role the turn was played in: which adapter learns from it, with one per role
 
 
 class Learner:
@@ -103,7 +106,7 @@ class Learner:
             model = self._placed(AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32))
         self.tied_embeddings = bool(getattr(model.config, "tie_word_embeddings", False))
         if self.lora:
-            model = _with_lora(model, config, Path(resume_from) / "adapter" if resume_from is not None else None)
+            model = _with_lora(model, config, Path(resume_from) / ADAPTER_DIR if resume_from is not None else None)
         if config.activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model = _without_dropout(model)
@@ -450,7 +453,43 @@ class Learner:
             save_weights(self.policy_state_dict(), directory / "model.safetensors")
         self.tokenizer.save_pretrained(directory)
         if self.lora:
-            self.model.save_pretrained(directory / "adapter", selected_adapters=[TRAINED_ADAPTER])
+            self.model.save_pretrained(directory / ADAPTER_DIR, selected_adapters=[TRAINED_ADAPTER])
+
+
+class RoleLearners:
+    """One LoRA learner per role (`learner.adapter_per_role`), each over the same frozen base:
+    every update trains each role's adapter on its own role's samples, with its own optimizer,
+    and a checkpoint holds each apart (`selfplay.checkpoint.role_adapter_part`): the adapter
+    alone, which `eval` and `play` merge into the run's initial model (RUN_DIR@ROLE)."""
+
+    lora = True
+
+    def __init__(self, learners: Mapping[str, Learner]):
+        self.learners = dict(learners)
+        first = next(iter(self.learners.values()))
+        self.config, self.device, self.tokenizer = first.config, first.device, first.tokenizer
+
+    def scheduled_update(self, samples: Sequence[Sample], step: int, total_steps: int) -> dict[str, float]:
+        """Each role's `Learner.scheduled_update` on its own role's samples; the statistics of
+        each under its role's name (`attacker/loss`)."""
+        stats = {}
+        for role, learner in self.learners.items():
+            own = [sample for sample in samples if sample.role == role]
+            stats.update({f"{role}/{k}": v for k, v in learner.scheduled_update(own, step, total_steps).items()})
+        return stats
+
+    def save_pretrained(self, directory: Path) -> None:
+        """Each role's adapter, in its part of the checkpoint at `directory`."""
+        for role, learner in self.learners.items():
+            learner.export_adapter(role_adapter_part(directory, role) / ADAPTER_DIR)
+
+    def save_training_state(self, directory: Path) -> None:
+        for role, learner in self.learners.items():
+            learner.save_training_state(role_adapter_part(directory, role))
+
+    def load_training_state(self, directory: Path) -> None:
+        for role, learner in self.learners.items():
+            learner.load_training_state(role_adapter_part(directory, role))
 
 
 def scheduled_lr(config: LearnerConfig, step: int, total_steps: int) -> float:

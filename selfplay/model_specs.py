@@ -12,7 +12,10 @@ A model spec is any of:
   (`runs/league@main@000004`: its bare weights file, `RunDir.snapshot`, loaded over the run's
   model configuration and tokenizer, or a LoRA learner's adapter, `RunDir.adapter_snapshot`,
   merged into the run's initial model; the file's or directory's own path names it too), or a learning player
-  (`runs/league@main`, `runs/league@main_exploiter_0`): its part of the run's newest checkpoint.
+  (`runs/league@main`, `runs/league@main_exploiter_0`): its part of the run's newest checkpoint;
+- a role's adapter of a run that trained one per role (`learner.adapter_per_role`), `RUN_DIR@ROLE`
+  (`runs/red_team@attacker`: the newest checkpoint's) or `RUN_DIR/checkpoints/step-NNNNNN@ROLE`,
+  merged into the run's initial model.
 
 A model from a run keeps how its run asked and sampled it (its config's `rollout` section):
 `play` and `eval` play it so unless an option says otherwise (`ModelSpec.played_with`), and
@@ -31,6 +34,7 @@ from safetensors import safe_open
 
 from selfplay.backends import PolicyBackend, make_backend
 from selfplay.checkpoint import (
+    ADAPTER_DIR,
     READ_ERRORS,
     STATE_FILE,
     checkpoint_problem,
@@ -38,6 +42,8 @@ from selfplay.checkpoint import (
     exploiter_checkpoint,
     latest_checkpoint,
     list_checkpoints,
+    role_adapter_part,
+    role_adapters,
 )
 from selfplay.config import RolloutConfig, build_section, load_config
 from selfplay.default_model import (
@@ -159,17 +165,50 @@ def model_spec(spec: str) -> ModelSpec:
 def checkpoint_model(path: Path) -> ModelSpec:
     """The model of the checkpoint (or an exploiter's part of one) at `path`, with its run's
     rollout settings when it lies in a run directory."""
-    problem = checkpoint_problem(path)
-    if problem:
+    roles = role_adapters(path)
+    if roles:
         raise UserError(
-            f"Checkpoint '{path}' is damaged ({problem}): give another checkpoint, or its run directory for the "
-            "newest whole one."
+            f"Checkpoint '{path}' holds an adapter for each role ({', '.join(roles)}), not one model: name one, as "
+            f"{path}@{roles[0]}, or RUN_DIR@{roles[0]} for the newest checkpoint's."
         )
+    _refuse_damaged(path)
     run = RunDir.of_checkpoint(path)
     if run is None or not run.config.is_file():  # a checkpoint copied out of its run: a model directory
         return ModelSpec(str(path), str(path), checkpoint_step(path))
     name = f"{run.path.name}/{Path(path).relative_to(run.checkpoints).as_posix()}"
     return ModelSpec(name, str(path), checkpoint_step(path), trained_with=load_config(run.config).rollout)
+
+
+def role_adapter(checkpoint: Path, role: str) -> ModelSpec:
+    """The adapter of `role` in `checkpoint`, of a run that trained one per role, over the run's
+    initial model."""
+    checkpoint = Path(checkpoint)
+    roles = role_adapters(checkpoint)
+    if role not in roles:
+        held = f"adapters of the roles {', '.join(roles)}" if roles else "one policy for every role"
+        raise UserError(f"Checkpoint '{checkpoint}' holds no adapter of the role '{role}': it holds {held}.")
+    _refuse_damaged(checkpoint)
+    run = RunDir.of_checkpoint(checkpoint)
+    if run is None or not run.config.is_file():
+        raise UserError(
+            f"The adapter of '{role}' in '{checkpoint}' applies to its run's initial model, which the run's "
+            f"{RunDir('RUN_DIR').config.name} names: give the checkpoint inside its run directory."
+        )
+    config = load_config(run.config)
+    adapter = role_adapter_part(checkpoint, role) / ADAPTER_DIR
+    name = f"{run.path.name}/{checkpoint.name}{PLAYER_SEPARATOR}{role}"
+    return ModelSpec(
+        name, model_directory(config.model), checkpoint_step(checkpoint), str(adapter), trained_with=config.rollout
+    )
+
+
+def _refuse_damaged(checkpoint: Path) -> None:
+    problem = checkpoint_problem(checkpoint)
+    if problem:
+        raise UserError(
+            f"Checkpoint '{checkpoint}' is damaged ({problem}): give another checkpoint, or its run directory for "
+            "the newest whole one."
+        )
 
 
 def _newest_checkpoint(run: RunDir) -> Path:
@@ -182,20 +221,28 @@ def _newest_checkpoint(run: RunDir) -> Path:
 
 
 def _league_player(spec: str) -> ModelSpec | None:
-    """The league player `spec` names as RUN_DIR@PLAYER; None if it names none that way. A
-    player's name holds the separator too (`main@000004`), so the run is the shortest prefix
-    that is a run directory."""
+    """The league player or role adapter `spec` names as RUN_DIR@PLAYER (or CHECKPOINT@ROLE);
+    None if it names none that way. A player's name holds the separator too (`main@000004`), so
+    the run is the shortest prefix that is a run directory."""
     for at, character in enumerate(spec):
-        if character == PLAYER_SEPARATOR and RunDir(spec[:at]).config.is_file():
-            return league_player(RunDir(spec[:at]), spec[at + 1 :])
+        if character != PLAYER_SEPARATOR:
+            continue
+        before, name = Path(spec[:at]), spec[at + 1 :]
+        if (before / STATE_FILE).is_file():
+            return role_adapter(before, name)
+        if RunDir(before).config.is_file():
+            return league_player(RunDir(before), name)
     return None
 
 
 def league_player(run: RunDir, name: str) -> ModelSpec:
     """The model of the player `name` of `run`'s league: a snapshot's weights, or a learning
-    player's part of the run's newest checkpoint."""
+    player's part of the run's newest checkpoint. In a run that trained an adapter per role,
+    the role `name`'s adapter in its newest checkpoint."""
     from selfplay.league.store import LeagueStore
 
+    if load_config(run.config).learner.adapter_per_role:
+        return role_adapter(_newest_checkpoint(run), name)
     if not run.league_store.is_file():
         raise UserError(
             f"'{run.path}' holds no league ({run.league_store.name} is missing), so it has no player '{name}'. Name "

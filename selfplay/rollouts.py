@@ -35,7 +35,54 @@ from selfplay.prompts import Message, ObservationMode, PromptStyle, batch_prompt
 from selfplay.records import MatchResult, Trajectory, Turn
 from selfplay.structured_decoding import grammar_text
 
-Player = PolicyBackend | str  # a model policy, or a scripted agent spec
+
+class RolePolicies(PolicyBackend):
+    """A player with a policy of its own for each role it plays (`learner.adapter_per_role`):
+    the engine gives each of its turns to the policy of the role it plays there. Its policies
+    share a tokenizer and move from version to version together."""
+
+    def __init__(self, policies: Mapping[str, PolicyBackend]):
+        self.policies = dict(policies)
+        first = next(iter(self.policies.values()))
+        self.model_path, self.tokenizer = first.model_path, first.tokenizer
+        self.shares_model = all(policy.shares_model for policy in self.policies.values())
+
+    def of_role(self, role: str) -> PolicyBackend:
+        if role not in self.policies:
+            raise UserError(
+                f"This player has a policy for each of the roles {', '.join(self.policies)}, and none for the role "
+                f"'{role}': play it in games of those roles."
+            )
+        return self.policies[role]
+
+    @property
+    def version(self) -> int:
+        return next(iter(self.policies.values())).version
+
+    @version.setter
+    def version(self, version: int) -> None:
+        for policy in self.policies.values():
+            policy.version = version
+
+    def generate(self, prompts, sampling, choices=None, grammars=None):
+        raise TypeError("a player with a policy per role generates through the policy of each turn's role (of_role)")
+
+    def load_state(self, weights, version):
+        raise TypeError("a player with a policy per role takes weights through the policy of each role")
+
+    def load_weights(self, path, version):
+        raise TypeError("a player with a policy per role takes weights through the policy of each role")
+
+    def release_memory(self) -> None:
+        for policy in self.policies.values():
+            policy.release_memory()
+
+    def close(self) -> None:
+        for policy in self.policies.values():
+            policy.close()
+
+
+Player = PolicyBackend | str  # a model policy (or one per role: `RolePolicies`), or a scripted agent spec
 
 
 @dataclass(frozen=True)
@@ -138,11 +185,11 @@ class RolloutEngine:
             if not live:
                 return
             self._render_prompts([game for game in live if game.prompt is None])
-            waiting: dict[str, list[_LiveGame]] = defaultdict(list)
+            waiting: dict[tuple[str, str], list[_LiveGame]] = defaultdict(list)
             for game in live:
-                waiting[game.prompt.label].append(game)
-            for label, games in waiting.items():
-                self._play_model_turns(label, games, tick)
+                waiting[game.prompt.label, self._role_routed(game)].append(game)
+            for (label, role), games in waiting.items():
+                self._play_model_turns(label, role, games, tick)
             tick += 1
 
     # -- one game ------------------------------------------------------------------------------
@@ -237,8 +284,14 @@ class RolloutEngine:
         answers = [game.env.answer(move) for move in game.env.legal_moves()]
         return answer_choices(answers, tokenizer, tokenizer.eos_token_id, self._answer_ids[label])
 
-    def _play_model_turns(self, label: str, games: list[_LiveGame], tick: int) -> None:
-        backend = self.players[label]
+    def _role_routed(self, game: _LiveGame) -> str:
+        """The role of `game`'s waiting turn where its player has a policy per role; "" otherwise."""
+        if not isinstance(self.players[game.prompt.label], RolePolicies):
+            return ""
+        return game.env.role(game.env.possible_agents[game.prompt.seat])
+
+    def _play_model_turns(self, label: str, role: str, games: list[_LiveGame], tick: int) -> None:
+        backend = self.players[label].of_role(role) if role else self.players[label]
         seed = int(np.random.SeedSequence([self.settings.sampling.seed, tick]).generate_state(1)[0])
         prompts = [game.prompt.ids for game in games]
         sampling = replace(self._style(label).sampling, seed=seed)

@@ -5,7 +5,9 @@ and the backend serving its weights), the league's frozen snapshots (each served
 transformers backend, loaded when first matched) and scripted agents (seated by their specs).
 Every LoRA learner (the main player's and the exploiters') trains an adapter of its own, with
 its own optimizer, over one frozen copy of the initial model, and with the `hf` backend
-generates with its own learner's model. A LoRA learner's snapshot is its adapter alone, served over the main LoRA learner's own model
+generates with its own learner's model; with `learner.adapter_per_role` the main player is one
+such adapter per role of the run's games, each role's turns played and learned by its own. A
+LoRA learner's snapshot is its adapter alone, served over the main LoRA learner's own model
 (`AdapterPool`: one base for every past player, a bounded number of adapters in memory); a
 full learner's snapshot is its whole weights, served by a copy of the model of its own. With
 `backend: vllm` and a LoRA main player, one vLLM engine serves the base model and every
@@ -31,14 +33,16 @@ import torch
 from selfplay.backends import PRECISIONS, PolicyBackend, make_backend
 from selfplay.backends.base import checked_weights
 from selfplay.backends.hf_backend import AdapterPool, HFBackend, PooledAdapter, merged_adapter_weights
+from selfplay.checkpoint import role_adapter_part
 from selfplay.config import TrainConfig
 from selfplay.distributed.learner_group import LearnerGroup
 from selfplay.errors import UserError
 from selfplay.evaluation.exploitability import move_probabilities
 from selfplay.evaluation.meta_strategy import expected_payoffs
+from selfplay.games import make_game
 from selfplay.league.matchmaking import MAIN
-from selfplay.learner import Learner
-from selfplay.rollouts import MatchSpec, RolloutSettings
+from selfplay.learner import Learner, RoleLearners
+from selfplay.rollouts import MatchSpec, RolePolicies, RolloutSettings
 from selfplay.run_dir import RunDir, is_adapter
 from selfplay.scoring import pick_device
 
@@ -63,6 +67,46 @@ def vllm_shares_learner_gpu(config: TrainConfig) -> bool:
         return learner.processes == torch.cuda.device_count()
     device = torch.device(pick_device(config.device))
     return device.type == "cuda" and device.index in (None, 0)
+
+
+def training_roles(config: TrainConfig) -> list[str]:
+    """The roles of the run's games, each trained as an adapter of its own under
+    `learner.adapter_per_role`; UserError where the run cannot train one per role."""
+    setting = "learner.adapter_per_role"
+    refusals = [
+        (
+            config.league.enabled,
+            "trains the main player alone, and the league's snapshots and exploiters are one policy each: set "
+            "league.enabled=false",
+        ),
+        (
+            config.backend != "hf",
+            "generates with each role's learner's own model, through transformers: set backend=hf",
+        ),
+        (
+            config.distributed.rollout_workers > 0,
+            "generates in the trainer's process, which holds each role's adapter: set distributed.rollout_workers=0",
+        ),
+    ]
+    for refused, why in refusals:
+        if refused:
+            raise UserError(f"{setting} {why}, or {setting}=false.")
+    roles: dict[str, None] = {}
+    for key, specs in (("games", config.games), ("eval.games", config.eval.games)):
+        for spec in specs:
+            game_roles = make_game(spec).roles
+            if not game_roles:
+                raise UserError(
+                    f"{setting} trains an adapter for each role, but '{spec}' (in {key}) has no roles (its seats play "
+                    f"alike): play role games only (secret_keeping, proposer_solver), or set {setting}=false."
+                )
+            roles.update(dict.fromkeys(game_roles))
+    if len(roles) < 2:
+        raise UserError(
+            f"{setting} trains an adapter for each role, but the run's games have one role only "
+            f"({', '.join(roles)}): set {setting}=false, which trains it as one policy."
+        )
+    return list(roles)
 
 
 @dataclass
@@ -115,15 +159,11 @@ class Roster:
         optimizer state, not another copy of the weights."""
         config = self.config
         exploiter = name != MAIN
+        if not exploiter and config.learner.adapter_per_role:
+            return self._add_role_player(checkpoint, version)
         learner_config = self._exploiter_config() if exploiter else config.learner
         shared_base = self._shared_base() if learner_config.lora.rank > 0 else None
-        settings = {
-            "temperature": config.rollout.temperature,
-            "token_sum_length": config.rollout.max_new_tokens,
-            "device": config.device,
-            "seed": config.seed,
-            "resume_from": checkpoint,
-        }
+        settings = self._learner_settings(checkpoint)
         if learner_config.processes > 1:
             learner = LearnerGroup(self.model_path, learner_config, **settings)
         else:
@@ -138,6 +178,39 @@ class Roster:
         if checkpoint is not None:
             self.sync(player, version)
         return player
+
+    def _add_role_player(self, checkpoint: Path | None, version: int) -> LearningPlayer:
+        """The main player as one LoRA adapter per role of the run's games, over the shared base
+        (`learner.adapter_per_role`): a learner each, from its part of `checkpoint`, each
+        generating with its own model; the rollout seats each role's turns with its own."""
+        learners = {
+            role: Learner(
+                self.model_path,
+                self.config.learner,
+                shared_base=self._shared_base(),
+                **self._learner_settings(role_adapter_part(checkpoint, role) if checkpoint is not None else None),
+            )
+            for role in training_roles(self.config)
+        }
+        policies = {
+            role: make_backend("hf", str(self.model_path), device=learner.device, model=learner.model)
+            for role, learner in learners.items()
+        }
+        player = LearningPlayer(MAIN, RoleLearners(learners), RolePolicies(policies))
+        player.backend.version = version
+        self.players[MAIN] = player
+        return player
+
+    def _learner_settings(self, checkpoint: Path | None) -> dict:
+        """A learner's settings from the run's config, resumed from `checkpoint` if given."""
+        config = self.config
+        return {
+            "temperature": config.rollout.temperature,
+            "token_sum_length": config.rollout.max_new_tokens,
+            "device": config.device,
+            "seed": config.seed,
+            "resume_from": checkpoint,
+        }
 
     def restart_exploiter(self, name: str, version: int) -> None:
         """Start the exploiter `name` again after its snapshot: from the initial weights, or with

@@ -88,7 +88,7 @@ from selfplay.model_specs import model_directory
 from selfplay.records import Trajectory
 from selfplay.roles.base import advantage_key
 from selfplay.rollouts import RolloutEngine, RolloutSettings
-from selfplay.roster import LearningPlayer, Roster
+from selfplay.roster import LearningPlayer, Roster, training_roles
 from selfplay.run_dir import RunDir, RunLock
 from selfplay.scoring import pick_device, warn_if_bf16_emulated
 from selfplay.tracking import TrackerFailed, Trackers, installed_trackers, open_trackers
@@ -166,6 +166,8 @@ def validate(config: TrainConfig) -> None:
             )
     if config.eval.every:
         eval_pairings(config)
+    if config.learner.adapter_per_role:
+        training_roles(config)
     installed_trackers(config.logging)
     check_device(config.device)
 
@@ -594,7 +596,10 @@ class Trainer:
                     f"{metrics.get('turns/invalid_rate', 0):.3f}. No evaluation ran (eval.every sets one)."
                 )
             games = " ".join(shlex.quote(game) for game in self.config.games)
-            further.append(f"its checkpoints against random: selfplay eval --checkpoints {run} --games {games}")
+            models, which = run, "its checkpoints"
+            if self.config.learner.adapter_per_role:
+                models, which = " ".join(f"{run}@{role}" for role in training_roles(self.config)), "each role's adapter"
+            further.append(f"{which} against random: selfplay eval --checkpoints {models} --games {games}")
         if "reward/mean" in metrics:
             blocks += [line for game in self.config.games if (line := _roles_line(game, metrics))]
         if self.config.league.enabled:
@@ -666,6 +671,7 @@ class Trainer:
                     turn.choices,
                     turn.grammar,
                     lag=player.backend.version - turn.policy_version,
+                    role=turn.role,
                 )
                 for trajectory, values in zip(learned, advantages)
                 for turn, advantage in zip(trajectory.turns, values)
@@ -821,11 +827,15 @@ class Trainer:
         def probing(what: str) -> Callable[[int, int], None]:
             return lambda scored, total: bar.set_description_str(f"{where}: {what}, {scored}/{total} answers scored")
 
-        with self.learner.scoring_model() as model:
-            for game in (g for g in self.eval_pairings if g in SUPPORTED_GAMES):
+        exploitability_games = [g for g in self.eval_pairings if g in SUPPORTED_GAMES]
+        exact_play_games = self._exact_play_games()
+        # Only where a game is probed: a run of one adapter per role has no one model to probe.
+        probed = exploitability_games or exact_play_games
+        with self.learner.scoring_model() if probed else contextlib.nullcontext() as model:
+            for game in exploitability_games:
                 probe = probing(f"{game}, exact exploitability")
                 metrics[f"eval/{game}/exploitability"] = policy_exploitability(model, tokenizer, game, rollout, probe)
-            for game in self._exact_play_games():
+            for game in exact_play_games:
                 probe = probing(f"{game}, exact non-loss")
                 seats = exact_play.exact_non_loss(model, tokenizer, game, rollout, probe)
                 metrics[f"eval/{game}/exact_non_loss"] = sum(seats) / len(seats)
