@@ -244,10 +244,14 @@ class Roster:
 
     def _backend_for(self, name: str, learner, shared_base) -> PolicyBackend:
         """The backend generating with `learner`'s weights. The rollout workers generate for a
-        distributed run: the trainer's backend then only evaluates."""
+        distributed run: the trainer's backend then only evaluates. A LoRA learner generates with
+        its own model with the `hf` backend, but for a main player asked to generate at bf16
+        (`backend_precision`), which gets a copy at that precision."""
         config = self.config
         sharded = isinstance(learner, LearnerGroup)
-        if (shared_base is not None and config.backend == "hf") or (self.workers is not None and not sharded):
+        at_own_precision = name != MAIN or config.backend_precision == "fp32"
+        own_model = shared_base is not None and config.backend == "hf" and at_own_precision
+        if own_model or (self.workers is not None and not sharded):
             return make_backend("hf", str(self.model_path), device=learner.device, model=learner.model)
         if self.workers is not None:  # a sharded learner has no whole model to share: a copy it streams into
             return make_backend("hf", str(self.model_path), config.backend_precision, device=learner.device)
