@@ -1,11 +1,13 @@
-"""The rollout engine: many games at once, every pending model turn batched per policy.
+"""The rollout engine: many games at once, every pending model turn batched per engine.
 
 Each game in flight has its own environment, and each seat is bound to a player: a language
 model policy (a `PolicyBackend`) or a scripted agent spec such as "random" or "mcts:100".
 On every tick the engine sends all waiting turns of one policy to its backend as a single
-batch. Games never wait for each other: whoever is to move in whichever game, their turn
-joins the next batch. Finished games are replaced from the queue of matches, so the batch
-stays full.
+batch, and those of policies served by one engine (a LoRA learner's adapter and the league's
+adapter snapshots over the same model or vLLM engine: one `engine_key`) as one batch too, each
+row with its own policy (`PolicyBackend.generate_rows`). Games never wait for each other:
+whoever is to move in whichever game, their turn joins the next batch. Finished games are
+replaced from the queue of matches, so the batch stays full.
 
 The engine keeps the generator busy by doing its own work while the batch samples: as each
 response finishes (`PolicyBackend.generate_as_completed`), its game takes the move, lets
@@ -185,11 +187,11 @@ class RolloutEngine:
             if not live:
                 return
             self._render_prompts([game for game in live if game.prompt is None])
-            waiting: dict[tuple[str, str], list[_LiveGame]] = defaultdict(list)
+            waiting: dict[tuple, list[_LiveGame]] = defaultdict(list)
             for game in live:
-                waiting[game.prompt.label, self._role_routed(game)].append(game)
-            for (label, role), games in waiting.items():
-                self._play_model_turns(label, role, games, tick)
+                waiting[self._batch_key(game)].append(game)
+            for games in waiting.values():
+                self._play_model_turns(games, tick)
             tick += 1
 
     # -- one game ------------------------------------------------------------------------------
@@ -284,20 +286,34 @@ class RolloutEngine:
         answers = [game.env.answer(move) for move in game.env.legal_moves()]
         return answer_choices(answers, tokenizer, tokenizer.eos_token_id, self._answer_ids[label])
 
-    def _role_routed(self, game: _LiveGame) -> str:
-        """The role of `game`'s waiting turn where its player has a policy per role; "" otherwise."""
-        if not isinstance(self.players[game.prompt.label], RolePolicies):
-            return ""
-        return game.env.role(game.env.possible_agents[game.prompt.seat])
+    def _policy(self, game: _LiveGame) -> PolicyBackend:
+        """The backend that plays `game`'s waiting turn: its player's, or where the player has a
+        policy per role, the policy of the role it plays there."""
+        player = self.players[game.prompt.label]
+        if not isinstance(player, RolePolicies):
+            return player
+        return player.of_role(game.env.role(game.env.possible_agents[game.prompt.seat]))
 
-    def _play_model_turns(self, label: str, role: str, games: list[_LiveGame], tick: int) -> None:
-        backend = self.players[label].of_role(role) if role else self.players[label]
+    def _batch_key(self, game: _LiveGame) -> tuple:
+        """Turns with one key are sampled in one batch: those of one policy, or of policies over
+        one engine, asked with the same sampling settings."""
+        policy = self._policy(game)
+        engine = policy.engine_key
+        return (id(policy) if engine is None else id(engine), self._style(game.prompt.label).sampling)
+
+    def _play_model_turns(self, games: list[_LiveGame], tick: int) -> None:
+        policies = [self._policy(game) for game in games]
         seed = int(np.random.SeedSequence([self.settings.sampling.seed, tick]).generate_state(1)[0])
         prompts = [game.prompt.ids for game in games]
-        sampling = replace(self._style(label).sampling, seed=seed)
+        sampling = replace(self._style(games[0].prompt.label).sampling, seed=seed)
         choices = [game.prompt.choices for game in games] if sampling.decoding == "legal" else None
         grammars = [game.prompt.grammar for game in games] if sampling.decoding == "structured" else None
-        for finished in backend.generate_as_completed(prompts, sampling, choices, grammars):
+        backend = policies[0]
+        if any(policy is not backend for policy in policies):
+            batches = backend.generate_rows(policies, prompts, sampling, choices, grammars)
+        else:
+            batches = backend.generate_as_completed(prompts, sampling, choices, grammars)
+        for finished in batches:
             moved = [games[index] for index, _ in finished]
             for game, (_, generation) in zip(moved, finished):
                 self._apply(game, generation)

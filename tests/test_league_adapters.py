@@ -170,6 +170,25 @@ def assert_played_with(model, turns) -> None:
         assert turn.logprobs == pytest.approx(expected.tolist(), abs=1e-4)
 
 
+def assert_rows_as_alone(policies, prompts, greedy, extra: dict, tolerance: float = 1e-4) -> dict:
+    """The generations of `prompts` in one mixed batch (`generate_rows`), row `i` by `policies[i]`
+    (greedy, with `extra`'s choices or grammars, a list each), by row; asserting that each row
+    has the tokens, log-probabilities (within `tolerance`) and version of its policy's
+    generating its rows alone."""
+    pairs = policies[0].generate_rows(policies, prompts, greedy, **extra)
+    mixed = dict(pair for group in pairs for pair in group)
+    for player in {id(policy): policy for policy in policies}.values():
+        rows = [i for i, policy in enumerate(policies) if policy is player]
+        alone = player.generate(
+            [prompts[i] for i in rows], greedy, **{key: [value[i] for i in rows] for key, value in extra.items()}
+        )
+        for row, generation in zip(rows, alone):
+            assert mixed[row].token_ids == generation.token_ids
+            assert mixed[row].logprobs == pytest.approx(generation.logprobs, abs=tolerance)
+            assert mixed[row].policy_version == player.version
+    return mixed
+
+
 def _adapter_tensors(directory):
     from safetensors.torch import load_file
 
@@ -221,3 +240,79 @@ def test_the_main_player_and_its_exploiters_train_their_own_adapters_over_one_ba
         assert all(_unchanged(state, other) for state, other in zip(before, learners) if other is not trained)
     assert all(torch.equal(frozen_base[name], tensor) for name, tensor in base.items())
     trainer.close()
+
+
+@pytest.fixture(scope="module")
+def mixed_league(tiny_model_dir, tmp_path_factory):
+    """The main LoRA learner's backend and three adapter snapshots' over its model (two resident
+    at once), each adapter trained apart, and eight prompts of one rules prefix."""
+    directory = tmp_path_factory.mktemp("adapters")
+    main = _trained(Learner(str(tiny_model_dir), LORA, seed=0), seed=0)
+    pool = AdapterPool(main.model, capacity=2)
+    players = [HFBackend(str(tiny_model_dir), model=main.model)]
+    for index in (1, 2, 3):
+        saved = _trained(Learner(str(tiny_model_dir), LORA, seed=index), seed=index).export_adapter(
+            directory / str(index)
+        )
+        snapshot = HFBackend(
+            str(tiny_model_dir), model=main.model, frozen=True, adapter=PooledAdapter(pool, str(index), saved)
+        )
+        snapshot.version = index
+        players.append(snapshot)
+    rules = "Kuhn poker: three cards, jack, queen and king; each player antes a chip and is dealt one card. " * 2
+    tokenizer = players[0].tokenizer
+    prompts = [tokenizer(f"{rules}Player {i}{'!' * i}, your move:")["input_ids"] for i in range(8)]
+    assert common_prefix_length(prompts) >= MIN_SHARED_PREFIX
+    return main, players, prompts
+
+
+@pytest.mark.parametrize("decoding", ["free", "legal", "structured"])
+def test_a_mixed_batch_of_adapters_gives_each_row_what_its_adapter_gives_alone(mixed_league, decoding):
+    from selfplay.games import make_game
+    from selfplay.legal_decoding import answer_choices
+    from selfplay.structured_decoding import grammar_text
+
+    main, players, prompts = mixed_league
+    tokenizer = players[0].tokenizer
+    policies = [players[i % len(players)] for i in range(len(prompts))]  # every adapter, and the learner's own
+    game = make_game("kuhn_poker")
+    answers = [game.answer_format.wrap(move) for move in ("bet", "check")]
+    choices = [answer_choices(answers, tokenizer, tokenizer.eos_token_id, {})] * len(prompts)
+    grammars = [grammar_text(game.answer_grammar())] * len(prompts)
+    extra = {"legal": {"choices": choices}, "structured": {"grammars": grammars}}.get(decoding, {})
+    greedy = SamplingSettings(max_new_tokens=6, temperature=0.0, decoding=decoding)
+
+    mixed = assert_rows_as_alone(policies, prompts, greedy, extra)
+    as_learner = players[0].generate(prompts, greedy, **extra)  # the adapters play apart
+    assert max(abs(a - b) for row, g in enumerate(as_learner) for a, b in zip(g.logprobs, mixed[row].logprobs)) > 1e-3
+    assert main.model.active_adapters == [TRAINED_ADAPTER] and main.model.training
+
+
+def test_a_sampled_mixed_batch_repeats_with_its_seed_and_has_each_adapters_log_probabilities(mixed_league):
+    main, players, prompts = mixed_league
+    policies = [players[i % len(players)] for i in range(len(prompts))]
+    sampling = SamplingSettings(max_new_tokens=6, temperature=1.0, seed=5)
+    first, again = ([g for _, g in sorted(next(players[1].generate_rows(policies, prompts, sampling)))] for _ in "ab")
+    assert first == again
+    for policy, prompt, generation in zip(policies, prompts, first):
+        with policy.serving() as model:
+            (expected,) = response_logprobs(model, [prompt], [generation.token_ids])
+        assert generation.logprobs == pytest.approx(expected.tolist(), abs=1e-4)
+
+
+def test_the_engine_samples_every_adapter_over_one_model_in_one_batch(mixed_league, monkeypatch):
+    _, players, _ = mixed_league
+    seated = {f"p{i}": player for i, player in enumerate(players)}
+    batches = []
+    generate_rows = HFBackend._generate_rows
+
+    def recorded(self, policies, *args):
+        batches.append(len({id(policy) for policy in policies}))
+        return generate_rows(self, policies, *args)
+
+    monkeypatch.setattr(HFBackend, "_generate_rows", recorded)
+    settings = RolloutSettings(sampling=SamplingSettings(max_new_tokens=4, decoding="legal"))
+    matches = [MatchSpec("kuhn_poker", (a, b), seed) for seed, (a, b) in enumerate(zip(seated, [*seated][1:] + ["p0"]))]
+    trajectories = list(RolloutEngine(seated, settings).run(matches))
+    assert {turn.agent for trajectory in trajectories for turn in trajectory.turns} == set(seated)
+    assert batches[0] == len(players)  # the first turn of every game, whoever plays it, in one batch

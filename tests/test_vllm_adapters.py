@@ -28,7 +28,7 @@ from selfplay.rollouts import MatchSpec, RolloutEngine  # noqa: E402
 from selfplay.run_dir import is_adapter  # noqa: E402
 from selfplay.scoring import response_logprobs  # noqa: E402
 from selfplay.train import Trainer  # noqa: E402
-from tests.test_league_adapters import _trained, assert_played_with  # noqa: E402
+from tests.test_league_adapters import _trained, assert_played_with, assert_rows_as_alone  # noqa: E402
 
 LOGPROB_TOLERANCE = 1e-4  # fp32 engine against transformers (tests/test_vllm_backend.py measured 2.4e-6)
 EXPLOITER = "main_exploiter_0"
@@ -172,3 +172,21 @@ def test_more_snapshots_than_adapter_slots_each_play_as_their_merged_weights(tra
     retired = roster.frozen[snapshots[1]].adapter.lora_int_id
     roster.retire([snapshots[1]])
     assert retired not in engine.llm.llm_engine.list_loras() and snapshots[1] not in roster.frozen
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("decoding", ["free", "legal"])
+def test_a_mixed_batch_of_adapters_gives_each_row_what_its_adapter_gives_alone(trainer, tokenizer, decoding):
+    from selfplay.legal_decoding import answer_choices
+
+    roster = trainer.roster
+    snapshots = [player.name for player in trainer.league.snapshots()][-2:]
+    players = [roster.players[MAIN].backend, roster.players[EXPLOITER].backend, *map(roster.frozen_backend, snapshots)]
+    assert len({id(player.engine_key) for player in players}) == 1
+    prompts = [tokenizer(f"Kuhn poker, player {i}: you hold the king. Your move:")["input_ids"] for i in range(8)]
+    policies = [players[i % len(players)] for i in range(len(prompts))]
+    choices = [answer_choices(["\\boxed{bet}", "\\boxed{check}"], tokenizer, tokenizer.eos_token_id, {})] * len(prompts)
+    extra = {"choices": choices} if decoding == "legal" else {}
+    greedy = SamplingSettings(max_new_tokens=6, temperature=0.0, decoding=decoding)
+    assert_rows_as_alone(policies, prompts, greedy, extra, LOGPROB_TOLERANCE)

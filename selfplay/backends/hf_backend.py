@@ -7,7 +7,7 @@ import contextlib
 import functools
 import hashlib
 from array import array
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,24 +87,36 @@ class AdapterPool:
         self.model = model
         self.capacity = capacity
         self.resident: OrderedDict[str, None] = OrderedDict()  # least recently used first
+        self.row_adapters: list[str] = []  # while routed: each row's adapter, or one for every row
 
     @contextlib.contextmanager
     def selected(self, name: str, directory: Path) -> Iterator[None]:
-        """While the block runs, every LoRA layer of the model computes each row of every call
-        with the adapter `name` (saved in `directory`) alone, through peft's mixed-batch path
-        (its `adapter_names`). Given to each layer, sized to the rows of each call, so that it
-        holds whatever runs the model: `generate`, a forward pass, or the decoder alone with a
-        prefix run once and then repeated over the batch."""
+        """While the block runs, every call of the model computes every row with the adapter
+        `name` (saved in `directory`) alone."""
+        with self.routed([(name, directory)]), self.rows([name]):
+            yield
+
+    @contextlib.contextmanager
+    def routed(self, adapters: Iterable[tuple[str, Path]]) -> Iterator[None]:
+        """Load `adapters` (name, directory), at most `capacity` of them; while the block runs,
+        every LoRA layer of the model computes each row of every call with the adapter
+        `row_adapters` names for it (set by `rows`), through peft's mixed-batch path (its
+        `adapter_names`): one name a row of the call, or one name for every row of any call,
+        which holds whatever runs the model: `generate`, a forward pass, or the decoder alone
+        with a prefix run once and then repeated over the batch. A name may be one of the
+        model's own adapters."""
         from peft.tuners.lora import LoraLayer
 
-        self._load(name, directory)
+        for name, directory in adapters:
+            self._load(name, directory)
 
-        def rows_with_adapter(_module, args, kwargs):
+        def rows_with_adapters(_module, args, kwargs):
             rows = len(args[0] if args else kwargs["x"])
-            return args, {**kwargs, "adapter_names": [name] * rows}
+            names = self.row_adapters
+            return args, {**kwargs, "adapter_names": names * rows if len(names) == 1 else names}
 
         handles = [
-            layer.register_forward_pre_hook(rows_with_adapter, with_kwargs=True)
+            layer.register_forward_pre_hook(rows_with_adapters, with_kwargs=True)
             for layer in self.model.modules()
             if isinstance(layer, LoraLayer)
         ]
@@ -113,6 +125,16 @@ class AdapterPool:
         finally:
             for handle in handles:
                 handle.remove()
+
+    @contextlib.contextmanager
+    def rows(self, names: list[str]) -> Iterator[None]:
+        """While the block runs, the routed model computes the calls' rows with `names`'s adapters
+        (`routed`)."""
+        outer, self.row_adapters = self.row_adapters, names
+        try:
+            yield
+        finally:
+            self.row_adapters = outer
 
     def _load(self, name: str, directory: Path) -> None:
         if name in self.resident:
@@ -140,8 +162,55 @@ class PooledAdapter:
     name: str
     directory: Path
 
-    def selected(self):
-        return self.pool.selected(self.name, self.directory)
+
+def resident_groups(adapters: list[PooledAdapter | None]) -> list[list[int]]:
+    """The indices of `adapters` in groups whose adapters their pool holds at once, in order: one
+    group when it holds them all. Rows without an adapter (the model's own) join the first."""
+    distinct = list(dict.fromkeys(adapter for adapter in adapters if adapter is not None))
+    if not distinct:
+        return [list(range(len(adapters)))]
+    capacity = distinct[0].pool.capacity
+    parts = [set(distinct[start : start + capacity]) for start in range(0, len(distinct), capacity)]
+    groups = [[i for i, adapter in enumerate(adapters) if adapter in part] for part in parts]
+    groups[0] = sorted(groups[0] + [i for i, adapter in enumerate(adapters) if adapter is None])
+    return groups
+
+
+@dataclass(frozen=True)
+class _RowPolicies:
+    """The policy of each row of a batch over one model, and the adapter each row computes with
+    there: its pooled adapter's name, or the model's active adapter; None for every row where
+    no row has a pooled adapter (`pool` None: the model computes as it is)."""
+
+    policies: list[HFBackend]
+    pool: AdapterPool | None
+    model: torch.nn.Module
+
+    @functools.cached_property
+    def adapters(self) -> list[str | None]:
+        if self.pool is None:
+            return [None] * len(self.policies)
+        own = self.model.active_adapter
+        return [own if policy.adapter is None else policy.adapter.name for policy in self.policies]
+
+    @property
+    def versions(self) -> list[int]:
+        return [policy.version for policy in self.policies]
+
+    def subset(self, rows: list[int]) -> _RowPolicies:
+        return _RowPolicies([self.policies[row] for row in rows], self.pool, self.model)
+
+    def routed(self, adapters: list[str | None]):
+        """A context in which the model computes each row of its calls with `adapters`'s adapter,
+        or every row with the one adapter they all name."""
+        if self.pool is None:
+            return contextlib.nullcontext()
+        return self.pool.rows(adapters[:1] if len(set(adapters)) == 1 else adapters)
+
+
+def _picked(indices: list[int], values: list | None) -> list | None:
+    """`values` at `indices`, in order; None for None."""
+    return None if values is None else [values[i] for i in indices]
 
 
 def merged_adapter_weights(base: str | Path, adapter: Path) -> dict[str, torch.Tensor]:
@@ -198,16 +267,34 @@ class HFBackend(PolicyBackend):
         self.states: OrderedDict[bytes, torch.Tensor] | None = OrderedDict() if frozen else None
         self.adapter = adapter
 
+    @property
+    def engine_key(self) -> torch.nn.Module:
+        """The model: backends over one model (a LoRA learner's, and the adapter snapshots pooled
+        over it) generate each other's prompts in one call (`generate_rows`)."""
+        return self.model
+
     @contextlib.contextmanager
     def serving(self) -> Iterator[torch.nn.Module]:
         """The model as this backend generates with it (its adapter selected), in eval mode and
         without gradients while the block runs: what probes of the policy read. A learner's
         model goes back to training mode after."""
+        with self._serving([self]) as pool, pool.rows([self.adapter.name]) if pool else contextlib.nullcontext():
+            yield self.model
+
+    @contextlib.contextmanager
+    def _serving(self, policies: list[HFBackend]) -> Iterator[AdapterPool | None]:
+        """The model in eval mode and without gradients while the block runs, with the adapters
+        of `policies` (backends over it) loaded: yields their pool, which routes each call's rows
+        to their adapters (`AdapterPool.rows`), or None where none has one (every row the model's
+        own adapters). A learner's model goes back to training mode after."""
+        adapters = [policy.adapter for policy in policies if policy.adapter is not None]
+        pool = adapters[0].pool if adapters else None
         training = self.model.training
         self.model.eval()
         try:
-            with self.adapter.selected() if self.adapter is not None else contextlib.nullcontext(), torch.no_grad():
-                yield self.model
+            routed = pool.routed((a.name, a.directory) for a in adapters) if pool else contextlib.nullcontext()
+            with routed, torch.no_grad():
+                yield pool
         finally:
             self.model.train(training)
 
@@ -216,7 +303,6 @@ class HFBackend(PolicyBackend):
         """Structured decoding's grammars, compiled for this model's tokenizer and vocabulary."""
         return Grammars(self.tokenizer, vocab_size(self.model), self.eos_ids)
 
-    @torch.no_grad()
     def generate(
         self,
         prompts: list[list[int]],
@@ -224,41 +310,91 @@ class HFBackend(PolicyBackend):
         choices: list[Choices] | None = None,
         grammars: list[str] | None = None,
     ) -> list[Generation]:
+        return self._generate_rows([self] * len(prompts), prompts, sampling, choices, grammars)
+
+    def generate_rows(
+        self,
+        policies: list[PolicyBackend],
+        prompts: list[list[int]],
+        sampling: SamplingSettings,
+        choices: list[Choices] | None = None,
+        grammars: list[str] | None = None,
+    ) -> Iterator[list[tuple[int, Generation]]]:
+        """Every prompt in one batch over the model, each row with its policy's adapter (peft's
+        mixed batch), as one group; in a batch per group of adapters the pool holds at once
+        where it holds fewer than the rows ask for."""
+        yield list(enumerate(self._generate_rows(policies, prompts, sampling, choices, grammars)))
+
+    def _generate_rows(
+        self,
+        policies: list[HFBackend],
+        prompts: list[list[int]],
+        sampling: SamplingSettings,
+        choices: list[Choices] | None,
+        grammars: list[str] | None,
+    ) -> list[Generation]:
         results: list[Generation | None] = [None] * len(prompts)
         # Sampling draws from torch's global generator; fork it so a seed here never
         # disturbs (or is disturbed by) the caller's random state.
         devices = [self.device] if self.device.startswith("cuda") else []
-        with self.serving(), torch.random.fork_rng(devices=devices):
+        with torch.random.fork_rng(devices=devices):
             torch.manual_seed(sampling.seed)
-            # Free and structured sampling run a shared prefix once; legal decoding runs whole contexts.
-            if choices is None:
-                chunks = prefix_batches(prompts, self.max_batch_size)
-            else:
-                chunks = length_batches(range(len(prompts)), prompts, self.max_batch_size)
-            for chunk in chunks:
-                batch = [prompts[i] for i in chunk]
-                if choices is None:
-                    row_grammars = None if grammars is None else [grammars[i] for i in chunk]
-                    generations = self._generate_batch(batch, sampling, row_grammars)
-                else:
-                    generations = self._generate_legal(batch, [choices[i] for i in chunk], sampling)
-                for i, generation in zip(chunk, generations):
+            for group in resident_groups([policy.adapter for policy in policies]):
+                with self._serving([policies[i] for i in group]) as pool:
+                    rows = _RowPolicies([policies[i] for i in group], pool, self.model)
+                    pick = functools.partial(_picked, group)
+                    generations = self._generate_group(rows, pick(prompts), sampling, pick(choices), pick(grammars))
+                for i, generation in zip(group, generations):
                     results[i] = generation
         return results
 
-    def _generate_batch(
-        self, prompts: list[list[int]], sampling: SamplingSettings, grammars: list[str] | None = None
+    def _generate_group(
+        self,
+        rows: _RowPolicies,
+        prompts: list[list[int]],
+        sampling: SamplingSettings,
+        choices: list[Choices] | None,
+        grammars: list[str] | None,
     ) -> list[Generation]:
-        """Sampling by `model.generate`; with `grammars` (structured decoding), each row's logits
-        masked to its grammar before the temperature and top-p, as vLLM masks them."""
-        # The prompts' common prefix (a game's rules, most of each prompt) runs once; its keys
-        # and values are repeated across the batch, and each row's rest follows it, left-padded
-        # after the prefix (masked out, positions counted over real tokens only).
+        """The prompts of rows whose adapters are all loaded, in batches of at most max_batch_size."""
+        results: list[Generation | None] = [None] * len(prompts)
+        # Free and structured sampling run a shared prefix once; legal decoding runs whole contexts.
+        if choices is None:
+            chunks = prefix_batches(prompts, self.max_batch_size)
+        else:
+            chunks = length_batches(range(len(prompts)), prompts, self.max_batch_size)
+        for chunk in chunks:
+            pick = functools.partial(_picked, chunk)
+            if choices is None:
+                generations = self._generate_batch(pick(prompts), sampling, rows.subset(chunk), pick(grammars))
+            else:
+                generations = self._generate_legal(pick(prompts), pick(choices), sampling, rows.subset(chunk))
+            for i, generation in zip(chunk, generations):
+                results[i] = generation
+        return results
+
+    def _generate_batch(
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingSettings,
+        rows: _RowPolicies,
+        grammars: list[str] | None = None,
+    ) -> list[Generation]:
+        """Sampling by `model.generate`, each row with its policy's adapter; with `grammars`
+        (structured decoding), each row's logits masked to its grammar before the temperature
+        and top-p, as vLLM masks them."""
+        # The prompts' common prefix (a game's rules, most of each prompt) runs once for each
+        # adapter of the rows; its keys and values go to the rows of that adapter, and each
+        # row's rest follows it, left-padded after the prefix (masked out, positions counted
+        # over real tokens only).
         shared = common_prefix_length(prompts) if len(prompts) > 1 else 0
         cache = None
         if shared:
-            cache = self.model(input_ids=torch.tensor([prompts[0][:shared]], device=self.device)).past_key_values
-            cache.batch_repeat_interleave(len(prompts))
+            adapters = list(dict.fromkeys(rows.adapters))
+            with rows.routed(adapters):
+                cache = self.model(input_ids=torch.tensor([prompts[0][:shared]] * len(adapters), device=self.device))
+            cache = cache.past_key_values
+            cache.batch_select_indices(torch.tensor([adapters.index(a) for a in rows.adapters], device=self.device))
         width = max(len(p) for p in prompts) - shared
         input_ids = torch.full((len(prompts), shared + width), self.pad_id, dtype=torch.long)
         attention_mask = torch.zeros((len(prompts), shared + width), dtype=torch.long)
@@ -270,21 +406,22 @@ class HFBackend(PolicyBackend):
             attention_mask[row, shared + width - len(rest) :] = 1
         width += shared
         greedy = sampling.temperature == 0
-        out = self.model.generate(
-            input_ids=input_ids.to(self.device),
-            attention_mask=attention_mask.to(self.device),
-            past_key_values=cache,
-            max_new_tokens=sampling.max_new_tokens,
-            do_sample=not greedy,
-            temperature=None if greedy else sampling.temperature,
-            top_p=None if greedy else sampling.top_p,
-            top_k=None,
-            eos_token_id=sorted(self.eos_ids),
-            pad_token_id=self.pad_id,
-            return_dict_in_generate=True,
-            output_scores=True,
-            logits_processor=None if grammars is None else [GrammarLogitsProcessor(self.grammars, grammars)],
-        )
+        with rows.routed(rows.adapters):
+            out = self.model.generate(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention_mask.to(self.device),
+                past_key_values=cache,
+                max_new_tokens=sampling.max_new_tokens,
+                do_sample=not greedy,
+                temperature=None if greedy else sampling.temperature,
+                top_p=None if greedy else sampling.top_p,
+                top_k=None,
+                eos_token_id=sorted(self.eos_ids),
+                pad_token_id=self.pad_id,
+                return_dict_in_generate=True,
+                output_scores=True,
+                logits_processor=None if grammars is None else [GrammarLogitsProcessor(self.grammars, grammars)],
+            )
         new_tokens = out.sequences[:, width:].cpu()
         # The sampler's log-probability: of the distribution each token was drawn from, the
         # scores after the grammar's mask and the temperature and top-p warpers (masked tokens
@@ -294,24 +431,28 @@ class HFBackend(PolicyBackend):
         scores = torch.stack(out.scores, dim=1).float().cpu()
         logprobs = torch.log_softmax(scores, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
         return [
-            cut_at_stop(new_tokens[row].tolist(), logprobs[row].tolist(), self.eos_ids, self.tokenizer, self.version)
-            for row in range(len(prompts))
+            cut_at_stop(new_tokens[row].tolist(), logprobs[row].tolist(), self.eos_ids, self.tokenizer, version)
+            for row, version in enumerate(rows.versions)
         ]
 
     def _generate_legal(
-        self, prompts: list[list[int]], choices: list[Choices], sampling: SamplingSettings
+        self, prompts: list[list[int]], choices: list[Choices], sampling: SamplingSettings, rows: _RowPolicies
     ) -> list[Generation]:
-        """Legal decoding: the model runs once per round for every response waiting on a choice
-        between tokens, and the token is drawn from its probabilities over those allowed."""
+        """Legal decoding: each round, every response waiting on a choice between tokens gets
+        its policy's final hidden state (each policy's contexts run together, with its adapter),
+        and the token is drawn from its probabilities over those allowed, all rows at once."""
         greedy = sampling.temperature == 0
 
-        def sample(rows, written, allowed, _round) -> list[tuple[int, float]]:
-            # Games in the same state share a context (every Kuhn Poker deal of one card, every
-            # TicTacToe opening): each distinct context runs once, and its rows share the logits.
-            contexts = [(*prompts[row], *response) for row, response in zip(rows, written)]
-            distinct = {context: i for i, context in enumerate(dict.fromkeys(contexts))}
-            hidden = self._context_hidden(list(distinct))
-            logits = self.model.get_output_embeddings()(hidden).float()[[distinct[c] for c in contexts]]
+        def sample(indices, written, allowed, _round) -> list[tuple[int, float]]:
+            contexts = [(*prompts[row], *response) for row, response in zip(indices, written)]
+            logits = torch.empty((len(indices), vocab_size(self.model)), device=self.device)
+            by_policy: dict[int, list[int]] = defaultdict(list)  # each policy's rows: its own cached states
+            for i, row in enumerate(indices):
+                by_policy[id(rows.policies[row])].append(i)
+            for members in by_policy.values():
+                row = indices[members[0]]
+                with rows.routed([rows.adapters[row]]):
+                    logits[members] = rows.policies[row]._context_logits([contexts[i] for i in members])
             if not greedy:
                 logits = logits / sampling.temperature
             mask = torch.zeros_like(logits, dtype=torch.bool)
@@ -323,9 +464,17 @@ class HFBackend(PolicyBackend):
 
         responses, logprobs = legal_decode(choices, sample)
         return [
-            cut_at_stop(response, logp, self.eos_ids, self.tokenizer, self.version)
-            for response, logp in zip(responses, logprobs)
+            cut_at_stop(response, logp, self.eos_ids, self.tokenizer, version)
+            for response, logp, version in zip(responses, logprobs, rows.versions)
         ]
+
+    def _context_logits(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
+        """The model's next-token logits after each context, (contexts, vocabulary) in float32:
+        games in the same state share a context (every Kuhn Poker deal of one card, every
+        TicTacToe opening), and each distinct context runs once."""
+        distinct = {context: i for i, context in enumerate(dict.fromkeys(contexts))}
+        hidden = self._context_hidden(list(distinct))
+        return self.model.get_output_embeddings()(hidden).float()[[distinct[c] for c in contexts]]
 
     def _context_hidden(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
         """The model's final hidden state after each context, (contexts, hidden size). A frozen

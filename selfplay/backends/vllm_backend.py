@@ -205,20 +205,37 @@ class VLLMBackend(PolicyBackend):
         the sampling of the rest. One batch at a time per backend. Legal decoding hands the
         batch over whole; structured decoding sends each request its grammar, which the engine's
         xgrammar backend enforces (its mask applied before the processed log-probability)."""
+        return self.generate_rows([self] * len(prompts), prompts, sampling, choices, grammars)
+
+    @property
+    def engine_key(self):
+        """The engine: every backend over it (`sharing_engine`) generates in one batch with the
+        others, each request carrying its own backend's adapter (`generate_rows`)."""
+        return self.llm
+
+    def generate_rows(
+        self,
+        policies: list[PolicyBackend],
+        prompts: list[list[int]],
+        sampling: SamplingSettings,
+        choices: list[Choices] | None = None,
+        grammars: list[str] | None = None,
+    ) -> Iterator[list[tuple[int, Generation]]]:
         if not prompts:
             return
         if choices is not None:
-            yield list(enumerate(self._generate_legal(prompts, choices, sampling)))
+            yield list(enumerate(self._generate_legal(prompts, choices, sampling, policies)))
             return
         params = [
             self._sampling_params(sampling, index, **self._structured(grammars[index] if grammars else None))
             for index in range(len(prompts))
         ]
-        for finished in self._run(prompts, params):
-            yield [(index, self._to_generation(completion)) for index, completion in finished]
+        for finished in self._run(prompts, params, [policy.adapter for policy in policies]):
+            yield [(index, self._to_generation(completion, policies[index].version)) for index, completion in finished]
 
-    def _run(self, prompts: list[list[int]], params: list) -> Iterator[list[tuple[int, Any]]]:
-        """Each prompt's completion from the engine, in groups as they finish."""
+    def _run(self, prompts: list[list[int]], params: list, adapters: list) -> Iterator[list[tuple[int, Any]]]:
+        """Each prompt's completion from the engine, each request carrying its adapter (a
+        LoRARequest; None for the base model), in groups as they finish."""
         from vllm.inputs import tokens_input
 
         if self.asleep:
@@ -227,9 +244,9 @@ class VLLMBackend(PolicyBackend):
         batch = next(self._batches)
         unfinished: dict[str, int] = {}  # request id -> prompt index
         try:
-            for index, (prompt, request_params) in enumerate(zip(prompts, params)):
+            for index, (prompt, request_params, adapter) in enumerate(zip(prompts, params, adapters)):
                 request_id = f"{batch}-{index}"
-                engine.add_request(request_id, tokens_input(list(prompt)), request_params, lora_request=self.adapter)
+                engine.add_request(request_id, tokens_input(list(prompt)), request_params, lora_request=adapter)
                 unfinished[request_id] = index
             while unfinished:
                 finished = [
@@ -244,11 +261,11 @@ class VLLMBackend(PolicyBackend):
                 engine.abort_request(list(unfinished))
 
     def _generate_legal(
-        self, prompts: list[list[int]], choices: list[Choices], sampling: SamplingSettings
+        self, prompts: list[list[int]], choices: list[Choices], sampling: SamplingSettings, policies: list
     ) -> list[Generation]:
         """Legal decoding: each round, every response waiting on a choice between tokens is
-        sampled one token by the engine, limited to those (`allowed_token_ids`, applied before
-        the processed log-probability is taken)."""
+        sampled one token by the engine with its policy's adapter, limited to those
+        (`allowed_token_ids`, applied before the processed log-probability is taken)."""
         one_token = replace(sampling, max_new_tokens=1)
 
         def sample(rows, written, allowed, round_) -> list[tuple[int, float]]:
@@ -258,7 +275,7 @@ class VLLMBackend(PolicyBackend):
                 for row, tokens in zip(rows, allowed)
             ]
             drawn: list[tuple[int, float]] = [(0, 0.0)] * len(rows)
-            for finished in self._run(contexts, params):
+            for finished in self._run(contexts, params, [policies[row].adapter for row in rows]):
                 for index, completion in finished:
                     token = completion.token_ids[0]
                     drawn[index] = (token, completion.logprobs[0][token].logprob)
@@ -266,8 +283,8 @@ class VLLMBackend(PolicyBackend):
 
         responses, logprobs = legal_decode(choices, sample)
         return [
-            cut_at_stop(response, logp, self.eos_ids, self.tokenizer, self.version)
-            for response, logp in zip(responses, logprobs)
+            cut_at_stop(response, logp, self.eos_ids, self.tokenizer, policy.version)
+            for response, logp, policy in zip(responses, logprobs, policies)
         ]
 
     @staticmethod
@@ -299,12 +316,12 @@ class VLLMBackend(PolicyBackend):
             **extra,
         )
 
-    def _to_generation(self, completion) -> Generation:
+    def _to_generation(self, completion, version: int) -> Generation:
         tokens = list(completion.token_ids)
         logprobs = [step[token].logprob for token, step in zip(tokens, completion.logprobs)]
         if len(logprobs) != len(tokens):
             raise RuntimeError(f"vLLM returned {len(logprobs)} logprobs for {len(tokens)} tokens")
-        return cut_at_stop(tokens, logprobs, self.eos_ids, self.tokenizer, self.version)
+        return cut_at_stop(tokens, logprobs, self.eos_ids, self.tokenizer, version)
 
     @cached_property
     def meta_model(self) -> torch.nn.Module:
