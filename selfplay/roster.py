@@ -310,13 +310,14 @@ class Roster:
 
     # -- snapshots -----------------------------------------------------------------------------
 
-    def freeze(self, learner: str, snapshot: str) -> str:
+    def freeze(self, learner: str, snapshot: str, whole: bool = False) -> str:
         """Write a learning player's current policy as the snapshot `snapshot`; returns its path
         relative to the run directory. A one-process LoRA learner's is its adapter alone (over
-        the run's initial model), unless rollout workers play the games: they load whole weights."""
+        the run's initial model), unless rollout workers play the games (they load whole weights)
+        or `whole` asks for the whole weights (benchmarks/league_adapters.py compares the two)."""
         player = self.players[learner].learner
         files = RunDir(self.run_dir)
-        if self.workers is None and isinstance(player, Learner) and player.lora:
+        if self.workers is None and isinstance(player, Learner) and player.lora and not whole:
             path = files.adapter_snapshot(snapshot)
             # Left by a run that stopped before recording this step, which its resume replays: no
             # league record names it.
