@@ -124,18 +124,16 @@ def past_players(learner: Learner, count: int, directory: Path) -> list[Path]:
 
 
 def generation_step(learning: PolicyBackend, opponents: list[PolicyBackend], prompts, sampling, device: str) -> float:
-    """Seconds for one step's turns: self-play (no opponents) generates every seat in one batch;
-    a league the learning seat's in one and each opponent its share of the other seat's."""
+    """Seconds for one step's turns, in one batch: self-play (no opponents) generates every seat
+    with the learning policy; a league the learning seat's with it and the other seat's with each
+    opponent in turn, each row with its own adapter (`generate_rows`, as the rollout engine asks)."""
     start = time.perf_counter()
     if not opponents:
         learning.generate(prompts, sampling)
     else:
-        learning.generate(prompts[0::2], sampling)
-        others = prompts[1::2]
-        for index, opponent in enumerate(opponents):
-            share = others[index :: len(opponents)]
-            if share:
-                opponent.generate(share, sampling)
+        policies = [learning if i % 2 == 0 else opponents[i // 2 % len(opponents)] for i in range(len(prompts))]
+        for _ in learning.generate_rows(policies, prompts, sampling):
+            pass
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     return time.perf_counter() - start
