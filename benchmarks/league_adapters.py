@@ -103,7 +103,7 @@ def take_snapshots(trainer, count: int, whole: bool) -> None:
 
 def schedule(trainer, games: int, past: list[str]):
     """The matches of a step: all self-play without `past`; else half self-play and half against
-    `past` in turn, each seat order in turn."""
+    `past` in turn, from step to step, each seat order in turn."""
     from selfplay.league.matchmaking import MAIN
     from selfplay.rollouts import MatchSpec
 
@@ -114,8 +114,9 @@ def schedule(trainer, games: int, past: list[str]):
             if not past or index % 2 == 0:
                 players = (MAIN, MAIN)
             else:
-                opponent = past[(index // 2) % len(past)]
-                players = (MAIN, opponent) if (index // 2 // len(past) + step) % 2 else (opponent, MAIN)
+                turn = step * (games // 2) + index // 2  # each step goes on where the last left off
+                opponent = past[turn % len(past)]
+                players = (MAIN, opponent) if turn // len(past) % 2 else (opponent, MAIN)
             scheduled.append(MatchSpec("kuhn_poker", players, seed, owner=MAIN))
         return scheduled
 
@@ -251,7 +252,8 @@ def main() -> None:
             if done.returncode:
                 raise SystemExit(f"{backend} {kind} failed:\n{done.stderr[-4000:]}")
             results.append(json.loads(done.stdout.strip().splitlines()[-1]))
-            print(f"[{backend} {kind}: {time.perf_counter() - started:.0f} s]", file=sys.stderr)
+            seconds = time.perf_counter() - started
+            print(f"[{backend} {kind}: {seconds:.0f} s] {json.dumps(results[-1])}", file=sys.stderr)
     print(f"Kuhn Poker, {args.model}, LoRA rank {args.rank}; {args.games} games a step, {args.steps} timed steps each")
     print_table(results)
 
