@@ -7,6 +7,7 @@ case, spacing, brackets, quotes and LaTeX `\\text{}` wrappers are ignored.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -62,6 +63,12 @@ class AnswerGrammar:
     def around(cls, answer_format: AnswerFormat, content: str) -> AnswerGrammar:
         """`answer_format`'s markers around text matching the regular expression `content`."""
         return cls(regex=re.escape(answer_format.opening) + f"(?:{content})" + re.escape(answer_format.closing))
+
+    @classmethod
+    def around_rules(cls, answer_format: AnswerFormat, rules: str) -> AnswerGrammar:
+        """`answer_format`'s markers around text of the EBNF rule `content`, which `rules` define."""
+        opening, closing = (json.dumps(marker) for marker in (answer_format.opening, answer_format.closing))
+        return cls(ebnf=f"root ::= {opening} content {closing}\n{rules}")
 
     @classmethod
     def one_of(cls, answer_format: AnswerFormat, moves: list[str]) -> AnswerGrammar:

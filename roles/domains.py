@@ -169,10 +169,26 @@ class Arithmetic(Domain):
 
 # -- python ----------------------------------------------------------------------------------
 
-# A line of free text for structured decoding (at most the given characters; no tag, no line
-# break), and a function `f` of one to eight lines of them.
-_LINE = "[^<>\\n]{{1,{}}}"
-_FUNCTION_FORM = "def f\\(x\\):(?:\\n    " + _LINE.format(70) + "){1,8}"
+# Structured decoding's forms (xgrammar EBNF): a function `f` of one to eight lines of free text
+# (no tag, no line break), and a Python literal, which every string of the rule is: numbers
+# without leading zeros, one-line strings, and lists, tuples, sets and dicts of them with
+# hashable keys and set members.
+_FUNCTION_RULES = r"""
+function ::= "def f(x):" ("\n    " [^<>\n]{1,70}){1,8}
+"""
+_LITERAL_RULES = r"""
+literal ::= scalar | "[" items? "]" | "(" tuple_items? ")" | "{" set_items "}" | "{" pairs? "}"
+scalar ::= number | string | "True" | "False" | "None"
+key ::= number | string
+number ::= "-"? integer ("." [0-9]{1,6})?
+integer ::= "0" | [1-9] [0-9]{0,8}
+string ::= "'" [^'\\\n<>]{0,24} "'" | "\"" [^"\\\n<>]{0,24} "\""
+sep ::= "," " "?
+items ::= literal (sep literal){0,7}
+tuple_items ::= literal "," | literal (sep literal){1,7}
+set_items ::= key (sep key){0,7}
+pairs ::= key ":" " "? literal (sep key ":" " "? literal){0,7}
+"""
 _INPUT_LINE = re.compile(r"^\s*input\s*:\s*(.+?)\s*$", re.IGNORECASE)
 _FENCE = re.compile(r"^\s*```(?:python)?\s*$")
 _SEED_PROGRAMS = (
@@ -259,17 +275,16 @@ class Python(Domain):
         return f"Write a Python function f(x) such that:\n{pairs}"
 
     def proposal_grammar(self, task_type: str) -> AnswerGrammar:
-        """A function `f` of a few lines and its input lines, each line's content free."""
-        inputs = self.induction_inputs if task_type == "induction" else (1, 1)
-        return AnswerGrammar.around(
-            self.answer_format, f"{_FUNCTION_FORM}(?:\\ninput: {_LINE.format(40)}){{{inputs[0]},{inputs[1]}}}"
-        )
+        """A function `f` of a few free lines, then its input lines, each a Python literal."""
+        low, high = self.induction_inputs if task_type == "induction" else (1, 1)
+        content = f'content ::= function ("\\ninput: " literal){{{low},{high}}}'
+        return AnswerGrammar.around_rules(self.answer_format, content + _FUNCTION_RULES + _LITERAL_RULES)
 
     def answer_grammar(self, task: Task) -> AnswerGrammar:
-        """A function's source for induction; otherwise one line, a literal's place."""
-        return AnswerGrammar.around(
-            self.answer_format, _FUNCTION_FORM if task.task_type == "induction" else _LINE.format(60)
-        )
+        """A function's source for induction; otherwise a Python literal."""
+        if task.task_type == "induction":
+            return AnswerGrammar.around_rules(self.answer_format, "content ::= function" + _FUNCTION_RULES)
+        return AnswerGrammar.around_rules(self.answer_format, "content ::= literal" + _LITERAL_RULES)
 
     def readable(self, task: Task, answer: str) -> bool:
         text = _unfenced(answer)

@@ -3,8 +3,12 @@ a game played through the environment."""
 
 from __future__ import annotations
 
+import ast
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from selfplay.errors import UserError
 from selfplay.games import make_env
@@ -236,3 +240,77 @@ def test_without_bubblewrap_code_execution_refuses_to_start(monkeypatch):
     finally:
         bubblewrap.jail.cache_clear()
         sandbox.shared_sandbox.cache_clear()
+
+
+# Python values whose repr is a literal the answer grammar describes: bounded numbers, printable
+# strings without quotes, backslashes or tags (repr writes them as they are), and containers of
+# them (hashable set members and dict keys).
+_KEYS = st.one_of(
+    st.integers(-(10**9) + 1, 10**9 - 1),
+    st.text(st.characters(blacklist_characters="'\"\\<>"), max_size=24).filter(str.isprintable),
+)
+_VALUES = st.recursive(
+    st.one_of(_KEYS, st.booleans(), st.none()),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=8),
+        st.lists(inner, max_size=8).map(tuple),
+        st.frozensets(_KEYS, min_size=1, max_size=8).map(set),
+        st.dictionaries(_KEYS, inner, max_size=8),
+    ),
+    max_leaves=12,
+)
+
+
+@pytest.fixture(scope="module")
+def literal_matcher(python_domain, tokenizer, hf_model):
+    """A matcher of the python domain's literal answers, and a function: does it take `text` whole?"""
+    from selfplay.structured_decoding import Grammars, grammar_text
+
+    grammars = Grammars(tokenizer, hf_model.get_output_embeddings().weight.shape[0], [tokenizer.eos_token_id])
+    deduction = python_domain.read_proposal(f"{DOUBLE}\ninput: 3", "deduction")
+    matcher = grammars.matcher(grammar_text(python_domain.answer_grammar(deduction)))
+
+    def accepts(literal: str) -> bool:
+        matcher.reset()
+        return matcher.accept_string(f"<answer>{literal}</answer>") and matcher.is_completed()
+
+    return accepts
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=_VALUES)
+def test_every_literal_the_python_answer_grammar_means_to_allow_is_in_it(literal_matcher, value):
+    assert literal_matcher(repr(value))
+
+
+@pytest.mark.parametrize("text", ["six", "01", "{[1]}", "[1,", "'a\nb'", "f(3)", "x = 6"])
+def test_the_python_answer_grammar_refuses_what_is_not_a_literal(literal_matcher, text):
+    assert not literal_matcher(text)
+
+
+@pytest.mark.parametrize("task_type", ["deduction", "abduction", "induction"])
+def test_python_answers_and_proposals_sampled_under_their_grammars_are_always_readable(
+    python_domain, tiny_model_dir, tokenizer, task_type
+):
+    """The untrained model writes noise, so its samples explore the grammars' corners: every one
+    that ends is a readable answer, and every proposal's inputs are literals."""
+    from selfplay.backends import SamplingSettings, make_backend
+    from selfplay.structured_decoding import grammar_text
+
+    backend = make_backend("hf", str(tiny_model_dir))
+    settings = SamplingSettings(max_new_tokens=160, temperature=1.0, seed=3, decoding="structured")
+    task = next(t for t in python_domain.seed_tasks() if t.task_type == task_type)
+    prompt = tokenizer(task.statement)["input_ids"]
+    forms = [python_domain.answer_grammar(task), python_domain.proposal_grammar(task_type)]
+    generations = backend.generate([prompt] * 16, settings, None, [grammar_text(f) for f in forms] * 8)
+    answers = [g.text for g in generations[0::2] if g.finish_reason == "stop"]
+    proposals = [g.text for g in generations[1::2] if g.finish_reason == "stop"]
+    assert len(answers) >= 4 and len(proposals) >= 2
+    answer_format = python_domain.answer_format
+    assert all(python_domain.readable(task, answer_format.extract(text)) for text in answers)
+    for text in proposals:
+        lines = answer_format.extract(text).splitlines()
+        inputs = [line.removeprefix("input: ") for line in lines if line.startswith("input: ")]
+        assert lines[0] == "def f(x):" and inputs
+        for literal in inputs:
+            ast.literal_eval(literal)
