@@ -973,7 +973,10 @@ def _roles_line(game: str, metrics: Mapping[str, float]) -> str | None:
     roles = make_game(game).roles
     if not roles:
         return None
-    returns = [f"{role} {metrics[key]:+.3f}" for role in roles if (key := f"return/{game}/{role}") in metrics]
+    # A role may hold several seats (proposer_solver's solvers); it is named once.
+    returns = [
+        f"{role} {metrics[key]:+.3f}" for role in dict.fromkeys(roles) if (key := f"return/{game}/{role}") in metrics
+    ]
     prefix = f"game/{game}/"
     figures = [f"{name.removeprefix(prefix)} {value:.3f}" for name, value in metrics.items() if name.startswith(prefix)]
     return f"{game}, its last step by role: mean return {', '.join(returns)}" + (

@@ -38,6 +38,7 @@ from selfplay.train import (
     RunBar,
     Trainer,
     TrainingDiverged,
+    _roles_line,
     run_stopped_by,
     tracker_runs,
     train_command,
@@ -658,3 +659,11 @@ def test_a_role_game_run_ends_saying_what_each_role_did_before_and_after(tiny_mo
     by_role = rf"{re.escape(game)}, its last step by role: mean return attacker [+-]\d\.\d{{3}}, defender "
     assert re.search(by_role, printed)
     assert re.search(r"; (attack_success|over_refusal)_rate \d\.\d{3}", printed)  # the game's own training figures
+
+
+def test_the_last_step_line_names_a_role_that_holds_several_seats_once():
+    game = "proposer_solver(domain=arithmetic, attempts=2)"
+    metrics = {f"return/{game}/proposer": -0.5, f"return/{game}/solver": 0.25, f"game/{game}/valid_rate": 0.5}
+    assert _roles_line(game, metrics) == (
+        f"{game}, its last step by role: mean return proposer -0.500, solver +0.250; valid_rate 0.500."
+    )
