@@ -36,6 +36,10 @@ from tests.test_league import LEAGUE  # noqa: E402
 
 GAMES_PER_STEP = 6
 LEARNING_PLAYERS = 3  # the main player, a main exploiter and a league exploiter
+# Two steps, with a snapshot after the first, so that the second step seats a snapshot too: each
+# fault below strikes in the last step, and staleness plays it ahead.
+STEPS = 2
+RAY_LEAGUE = [*LEAGUE, f"steps={STEPS}", "league.snapshot_every=1"]
 
 
 def ensure_local_ray() -> None:
@@ -60,7 +64,7 @@ def no_ray_after_this_module():
 def train(tiny_model_dir, run_dir, overrides=(), after_submit=None, resume=False) -> tuple[list[bytes], dict]:
     """Train a small league; returns each step's records (pickled, in a fixed order) and the
     last step's metrics. `after_submit(trainer, step)` runs once a step's games are handed out."""
-    config = load_config(None, [*LEAGUE, f"model={tiny_model_dir}", f"run_dir={run_dir}", *overrides])
+    config = load_config(None, [*RAY_LEAGUE, f"model={tiny_model_dir}", f"run_dir={run_dir}", *overrides])
     trainer = Trainer(config, resume=resume, progress=False)
     steps = []
     record = trainer._league_step
@@ -82,7 +86,7 @@ def train(tiny_model_dir, run_dir, overrides=(), after_submit=None, resume=False
     return steps, trainer.run()
 
 
-def assert_store_holds_every_game_once(run_dir, steps=3):
+def assert_store_holds_every_game_once(run_dir, steps=STEPS):
     with LeagueStore(RunDir(run_dir).league_store, read_only=True) as store:
         matches = store.matches()
     keys = [(m.step, m.game, m.seed, m.players) for m in matches]
@@ -181,13 +185,14 @@ def test_one_worker_gives_byte_identical_records_to_a_run_without_ray(tiny_model
     with_ray, ray_metrics = train(
         tiny_model_dir, tmp_path / "ray", [*snapshots_and_scripted, "distributed.rollout_workers=1"]
     )
-    assert len(without) == 3
+    assert len(without) == STEPS
     assert with_ray == without
-    # A run resumed from its step-2 checkpoint sends the checkpoint's weights to its worker.
+    assert any("@" in player for t in pickle.loads(with_ray[-1]) for player in t.result.players)  # a snapshot
+    # A run resumed from its step-1 checkpoint sends the checkpoint's weights to its worker.
     on_one = [*snapshots_and_scripted, "distributed.rollout_workers=1"]
-    train(tiny_model_dir, tmp_path / "resumed", [*on_one, "steps=2"])
-    resumed, _ = train(tiny_model_dir, tmp_path / "resumed", [*on_one, "steps=3"], resume=True)
-    assert resumed == with_ray[2:]
+    train(tiny_model_dir, tmp_path / "resumed", [*on_one, "steps=1"])
+    resumed, _ = train(tiny_model_dir, tmp_path / "resumed", [*on_one, f"steps={STEPS}"], resume=True)
+    assert resumed == with_ray[1:]
     assert "distributed/version_lag_max" not in metrics
     assert ray_metrics["distributed/version_lag_max"] == 0
     assert ray_metrics["distributed/sync_mb"] > 0

@@ -32,7 +32,7 @@ from selfplay.train import Trainer, train_command
 # Ray clusters and several learner processes each want the cores to themselves: one worker runs them all.
 pytestmark = [pytest.mark.xdist_group("whole_machine"), pytest.mark.slow]
 
-STEPS = 3
+STEPS = 2
 RUN = [
     f"steps={STEPS}",
     "checkpoint_every=1",
@@ -49,7 +49,7 @@ RUN = [
 ]
 # What every weight may differ by after STEPS updates on two processes against one: the order of
 # floating-point sums (across processes, and in the prompt prefix one process shares) differs.
-WEIGHT_TOLERANCE = 1e-5
+WEIGHT_TOLERANCE = 2e-5
 
 
 def train(tiny_model_dir, run_dir, processes: int, extra=()):
