@@ -51,7 +51,7 @@ from selfplay.evaluation.paired import paired_comparison
 from selfplay.evaluation.ratings import elo_intervals, fit_elo
 from selfplay.evaluation.report import QUICK_EPISODES, pairing_words
 from selfplay.evaluation.scoreboard import game_outcome
-from selfplay.evaluation.significance import mean_interval, wilson_interval
+from selfplay.evaluation.significance import figure_interval, mean_interval, wilson_interval
 from selfplay.games import make_game
 from selfplay.model_specs import STYLE_SETTINGS, ModelSpec, checkpoint_model, model_spec, style_of
 from selfplay.records import Trajectory
@@ -183,7 +183,7 @@ def outcome_stats(trajectories: Iterable[Trajectory], label: str, kind: GameKind
 def _figure_mean(per_game: Sequence[float | None]) -> dict:
     """The mean of a role figure over the games that have it, its 95% interval, and how many."""
     present = [v for v in per_game if v is not None]
-    mean, ci = mean_interval(present)
+    mean, ci = figure_interval(present)
     return {"mean": mean, "ci95": ci, "games": len(present)}
 
 

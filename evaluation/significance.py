@@ -99,6 +99,15 @@ def mean_interval(values: Sequence[float]) -> tuple[float, list[float] | None]:
     return mean, interval_of_mean(n, mean, math.fsum((v - mean) ** 2 for v in values) / (n - 1))
 
 
+def figure_interval(values: Sequence[float]) -> tuple[float, list[float] | None]:
+    """The mean of a per-game figure and its 95% interval: Wilson's when every value is 0 or 1 (a
+    rate, such as leaks or valid tasks, whose interval must stay inside [0, 1]), else Student's t
+    (`mean_interval`)."""
+    if values and all(v in (0, 1) for v in values):
+        return math.fsum(values) / len(values), list(wilson_interval(math.fsum(values), len(values)))
+    return mean_interval(values)
+
+
 def difference_interval(
     before: float, before_ci: Sequence[float] | None, after: float, after_ci: Sequence[float] | None
 ) -> list[float] | None:

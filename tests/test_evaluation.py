@@ -717,8 +717,9 @@ def test_role_figures_are_averaged_over_the_games_that_have_them_and_compared_ga
                            (1, {"leaked": 1.0}), (1, {"leaked": 1.0, "over_refusal": 0.0})])  # fmt: skip
     new = played("new", [(0, {"attack_success": 1.0}), (0, {"attack_success": 1.0}),
                          (1, {"leaked": 0.0}), (1, {"leaked": 0.0, "over_refusal": 1.0})])  # fmt: skip
-    assert new["role_figures"]["attack_success"] == {"mean": 1.0, "ci95": None, "games": 2}  # no spread
-    assert new["role_figures"]["over_refusal"] == {"mean": 1.0, "ci95": None, "games": 1}
+    # A rate's interval is Wilson's, which a rate of 2 in 2 has too.
+    assert new["role_figures"]["attack_success"] == {"mean": 1.0, "ci95": list(wilson_interval(2, 2)), "games": 2}
+    assert new["role_figures"]["over_refusal"] == {"mean": 1.0, "ci95": list(wilson_interval(1, 1)), "games": 1}
     assert new["role_figure_values"]["leaked"] == [None, None, 0.0, 0.0]
     rows = {r["figure"]: r for r in paired_comparison([base, new], "base")["role_figures"]}
     # Two games that moved alike say nothing of the spread: no verdict, however large the change.

@@ -29,6 +29,7 @@ from selfplay.evaluation.significance import (
     Z_95,
     difference_interval,
     exact_verdict,
+    figure_interval,
     mean_interval,
     sampled_verdict,
     wilson_interval,
@@ -158,3 +159,10 @@ def test_the_eval_summary_gives_each_figure_verdict_elo_interval_and_the_false_v
     assert lines[4].startswith("  warning: Elo from fewer than 30 decided games")
     assert lines[5] == "exploitability (exact), kuhn_poker: base 0.5000, new 0.4500 (better than base)"
     assert lines[6] == FALSE_VERDICTS_NOTE and "1 in 20" in lines[6]
+
+
+def test_a_rate_figure_gets_a_wilson_interval_inside_0_and_1_and_any_other_a_t_interval():
+    mean, ci = figure_interval([1.0] + [0.0] * 15)  # 1 valid task in 16: the t interval went below 0
+    assert mean == 0.0625 and ci == pytest.approx(list(wilson_interval(1, 16))) and 0.0 < ci[0]
+    assert figure_interval([0.0] * 4)[1] == pytest.approx(list(wilson_interval(0, 4)))
+    assert figure_interval([0.5, 0.25, 1.0]) == mean_interval([0.5, 0.25, 1.0])
