@@ -195,8 +195,14 @@ def test_a_learner_process_that_dies_while_a_resume_loads_its_state_stops_it_wit
 def test_an_interrupt_ends_every_learner_process_within_seconds_even_waiting_on_a_stopped_one(tiny_model_dir):
     """SIGINT reaches the trainer while it waits in a collective for a peer that is stopped
     (SIGSTOP): Python would run no handler until the collective's timeout."""
+    # Python's own SIGINT handler, whatever an earlier test in this process left: the watch hooks
+    # the signal's wakeup, which only a Python-level handler writes.
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
     group = LearnerGroup(str(tiny_model_dir), LearnerConfig(processes=2))
     peer = group.peers[0]
+    wakeup = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(wakeup)
+    assert wakeup == group.interrupt_watch.writing  # the watch is what the signal wakes
     os.kill(peer.pid, signal.SIGSTOP)
     interrupt = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
     never_hang = threading.Timer(30.0, peer.kill)  # what ends the call otherwise, in this test
@@ -206,10 +212,11 @@ def test_an_interrupt_ends_every_learner_process_within_seconds_even_waiting_on_
     try:
         with pytest.raises(KeyboardInterrupt):
             group.held_bytes()  # gathers from every process
-        group.close()
     finally:
         never_hang.cancel()
         peer.kill()
+        group.close()  # even after a failure: a group left open would hold this process's gloo group
+        signal.signal(signal.SIGINT, handler)
     assert time.monotonic() - started < 10
     assert peer.exitcode == -signal.SIGKILL
 
