@@ -52,9 +52,11 @@ def pytest_configure(config):
     """Under pytest-xdist (`-n N`) each worker runs its tests on one core: torch and OpenMP would
     otherwise start a thread per core in every worker, and in every process a test starts, and
     the workers would fight over the cores. Set before the workers start, so that they and their
-    children inherit it."""
+    children inherit it. Ray starts its workers at niceness 15, below everything else: beside the
+    other test worker they would get the cores last, and the Ray tests would hold up the suite."""
     if getattr(config.option, "numprocesses", None) and "PYTEST_XDIST_WORKER" not in os.environ:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
+        os.environ.setdefault("RAY_worker_niceness", "0")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
