@@ -104,7 +104,8 @@ def figure_interval(values: Sequence[float]) -> tuple[float, list[float] | None]
     rate, such as leaks or valid tasks, whose interval must stay inside [0, 1]), else Student's t
     (`mean_interval`)."""
     if values and all(v in (0, 1) for v in values):
-        return math.fsum(values) / len(values), list(wilson_interval(math.fsum(values), len(values)))
+        successes = math.fsum(values)
+        return successes / len(values), list(wilson_interval(successes, len(values)))
     return mean_interval(values)
 
 

@@ -102,6 +102,14 @@ def hf_model(tiny_model_dir):
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
 
 
+@pytest.fixture(scope="module")
+def grammars(tokenizer, hf_model):
+    """Structured decoding's grammars compiled for the tiny model's tokenizer and vocabulary."""
+    from selfplay.structured_decoding import Grammars
+
+    return Grammars(tokenizer, hf_model.get_output_embeddings().weight.shape[0], [tokenizer.eos_token_id])
+
+
 @pytest.fixture(scope="session")
 def bubblewrap():
     """The jail model-written code runs in. Tests that need it skip where bubblewrap cannot run,

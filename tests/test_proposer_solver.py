@@ -262,11 +262,10 @@ _VALUES = st.recursive(
 
 
 @pytest.fixture(scope="module")
-def literal_matcher(python_domain, tokenizer, hf_model):
+def literal_matcher(python_domain, grammars):
     """A matcher of the python domain's literal answers, and a function: does it take `text` whole?"""
-    from selfplay.structured_decoding import Grammars, grammar_text
+    from selfplay.structured_decoding import grammar_text
 
-    grammars = Grammars(tokenizer, hf_model.get_output_embeddings().weight.shape[0], [tokenizer.eos_token_id])
     deduction = python_domain.read_proposal(f"{DOUBLE}\ninput: 3", "deduction")
     matcher = grammars.matcher(grammar_text(python_domain.answer_grammar(deduction)))
 

@@ -19,7 +19,7 @@ from selfplay.games.answers import BOXED, AnswerFormat, AnswerGrammar
 from selfplay.learner import Learner, Sample
 from selfplay.prompts import opening_messages, prompt_ids
 from selfplay.rollouts import MatchSpec, RolloutEngine, RolloutSettings
-from selfplay.structured_decoding import Grammars, grammar_text, unpacked_bitmask
+from selfplay.structured_decoding import grammar_text, unpacked_bitmask
 from selfplay.train import validate
 
 # At most a token a character and the end of the turn: 28 and 14 tokens at most.
@@ -33,11 +33,6 @@ def prompts(tokenizer, count: int) -> list[list[int]]:
     env.reset(seed=0)
     base = prompt_ids(tokenizer, opening_messages(env.observe(env.agent_selection), "full"))
     return [base[: len(base) - i] for i in range(count)]  # differing tails after a shared prefix
-
-
-@pytest.fixture(scope="module")
-def grammars(tokenizer, hf_model):
-    return Grammars(tokenizer, hf_model.get_output_embeddings().weight.shape[0], [tokenizer.eos_token_id])
 
 
 def test_an_answer_grammar_is_a_regex_or_ebnf_and_one_of_moves_reads_as_the_game_writes_them():
