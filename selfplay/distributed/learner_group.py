@@ -154,6 +154,9 @@ class LearnerGroup:
         """A call that every process runs: the group is between calls again once it ends, and a
         fault that breaks it (a peer that died, an interrupt) is raised as such."""
         self.between_calls = False
+        # A peer that died between calls: gloo does not always see its closed connection, and the
+        # call's first collective would then wait for it until the timeout.
+        self._raise_if_a_peer_died(None, wait_seconds=0)
         try:
             yield
         except BaseException as err:
@@ -228,9 +231,9 @@ class LearnerGroup:
 
     # -- faults and shutdown -------------------------------------------------------------------
 
-    def _raise_if_a_peer_died(self, err: BaseException) -> None:
+    def _raise_if_a_peer_died(self, err: BaseException | None, wait_seconds: float = 5) -> None:
         for peer in self.peers:
-            peer.join(timeout=5)  # a broken collective comes just before the exit is seen
+            peer.join(timeout=wait_seconds)  # a broken collective comes just before the exit is seen
             if peer.exitcode is not None and peer.exitcode != 0:
                 how = f"killed by signal {-peer.exitcode}" if peer.exitcode < 0 else f"exit code {peer.exitcode}"
                 raise LearnerProcessDied(f"learner process {peer.name.rsplit('-', 1)[1]} stopped ({how})") from err
