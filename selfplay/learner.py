@@ -43,6 +43,7 @@ from selfplay.config import LearnerConfig
 from selfplay.errors import UserError
 from selfplay.files import published_directory
 from selfplay.legal_decoding import Choices, allowed_mask
+from selfplay.reference_cache import ReferenceCache, turn_key
 from selfplay.scoring import autocast, pick_device, response_logprobs_and_entropy, vocab_size
 from selfplay.sharding import Shards, full_tensors, local_bytes, save_streamed, shard_model
 from selfplay.structured_decoding import Grammars
@@ -118,6 +119,7 @@ class Learner:
         if config.kl_coef > 0 and not self.lora:
             self.reference = self._placed(AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32))
             self.reference.eval().requires_grad_(False)
+        self.reference_cache = ReferenceCache()
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
 
@@ -317,15 +319,27 @@ class Learner:
         return [(chunk, True) for chunk in chunks] if self.shards is None else self.shards.share(chunks)
 
     def _reference_logprobs(self, samples: Sequence[Sample]) -> list[torch.Tensor]:
-        if self.lora:
-            with self.model.disable_adapter():
-                return self._logprobs(samples, grad=False)
-        return self._logprobs(samples, grad=False, model=self.reference)
+        """The KL reference's log-probabilities of each sample's response: from the cache for
+        turns it scored before, by a forward pass for the rest (`selfplay.reference_cache`).
+        Every process of a sharded learner holds the same cache, so all score the same turns."""
+        keys = [turn_key(s.prompt_ids, s.response_ids, s.choices, s.grammar) for s in samples]
+        known = self.reference_cache.found(keys)
+        new = {key: sample for key, sample in zip(keys, samples) if key not in known}
+        if new:
+            if self.lora:
+                with self.model.disable_adapter():
+                    scored = self._logprobs(list(new.values()), grad=False)
+            else:
+                scored = self._logprobs(list(new.values()), grad=False, model=self.reference)
+            known.update(zip(new, scored))
+            self.reference_cache.add(dict(zip(new, scored)))
+        return [known[key].to(self.device) for key in keys]
 
     def move_reference(self) -> None:
         """Make the current policy the KL reference (see `LearnerConfig.reference_update_every`)."""
         self.reference.load_state_dict(self.model.state_dict())
         self.reference_moved = True
+        self.reference_cache.clear()
 
     def held_bytes(self) -> list[dict[str, int]]:
         """What each process of the learner holds between updates: the bytes of its weights,
@@ -343,8 +357,9 @@ class Learner:
         return [held] if self.shards is None else self.shards.gather(held)
 
     def save_training_state(self, directory: Path) -> None:
-        """What a resumed run needs beside the policy's weights: the optimizer's state and a moved
-        KL reference (`selfplay.training_state`; every process of a sharded learner writes its part)."""
+        """What a resumed run needs beside the policy's weights: the optimizer's state, a moved KL
+        reference and the reference's cached log-probabilities (`selfplay.training_state`; every
+        process of a sharded learner writes its part)."""
         training_state.save(self, Path(directory))
 
     def load_training_state(self, directory: Path) -> None:

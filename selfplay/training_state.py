@@ -1,5 +1,7 @@
 """A learner's training state beside its policy weights in a checkpoint: the optimizer's state,
-and the KL reference once `learner.reference_update_every` has moved it off the initial policy.
+the KL reference once `learner.reference_update_every` has moved it off the initial policy, and
+the reference's cached log-probabilities (`selfplay.reference_cache`, one file in either layout:
+every process holds the same cache).
 
 Two layouts, each readable by a learner of any process count:
 - a learner of one process writes files: `optimizer.safetensors` (the moments, by the index of
@@ -39,6 +41,8 @@ SHARDED_LAYOUT = (f"{SHARDED_DIR}/.metadata",)
 
 
 def save(learner, directory: Path) -> None:
+    if len(learner.reference_cache) and (learner.shards is None or learner.shards.rank == 0):
+        learner.reference_cache.save(directory)
     if learner.shards is None:
         tensors, settings = _flatten_optimizer(learner.optimizer.state_dict())
         save_file(tensors, str(directory / OPTIMIZER_FILE))
@@ -72,6 +76,7 @@ def _write_error(failed: CheckpointException) -> BaseException:
 
 def load(learner, directory: Path) -> None:
     """Restore the state `save` wrote in `directory`, in either layout."""
+    learner.reference_cache.load(directory)
     if (directory / SHARDED_DIR).is_dir():
         _load_sharded(learner, directory / SHARDED_DIR)
     elif learner.shards is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 
@@ -16,6 +17,7 @@ from selfplay.errors import UserError
 from selfplay.games import make_env
 from selfplay.learner import Learner, NonFiniteUpdate, Sample, scheduled_lr
 from selfplay.prompts import opening_messages, prompt_ids
+from selfplay.reference_cache import ReferenceCache
 from selfplay.scoring import response_logprobs
 
 
@@ -350,3 +352,45 @@ def test_activation_checkpointing_makes_the_same_update(tiny_model_dir, prompt):
     assert stats[True] == pytest.approx(stats[False], rel=1e-5)
     # AdamW moves each weight by about lr: the sums' order may move one by a tenth of that.
     assert all(torch.allclose(updated[True][k], updated[False][k], atol=1e-6) for k in updated[False])
+
+
+@pytest.mark.parametrize("lora", [0, 4], ids=["full", "lora"])
+def test_the_reference_scores_each_turn_once_and_its_cache_survives_a_checkpoint(
+    tiny_model_dir, prompt, tmp_path, lora
+):
+    config = LearnerConfig(lr=1e-2, kl_coef=0.1, lora=LoraConfig(rank=lora))
+    learner = Learner(str(tiny_model_dir), config, seed=0)
+    scored = []
+    logprobs = learner._logprobs
+
+    def counted(samples, grad, model=None):
+        scored.append(len(samples))
+        return logprobs(samples, grad, model)
+
+    learner._logprobs = counted
+    a, b, c = (sampled(learner, prompt, response, 1.0) for response in ([5, 6, 7], [8, 9], [10]))
+    learner.update([a, b, b])
+    learner.update([b, c, a])
+    assert scored == [2, 1], "each distinct turn once, and in a later update only the turn not seen before"
+    with torch.no_grad(), learner.model.disable_adapter() if lora else contextlib.nullcontext():
+        model = learner.model if lora else learner.reference
+        direct = response_logprobs(model, [prompt] * 3, [[5, 6, 7], [8, 9], [10]])
+    assert all(
+        torch.allclose(cached, fresh, atol=1e-6)
+        for cached, fresh in zip(learner._reference_logprobs([a, b, c]), direct)
+    )
+
+    learner.save_training_state(tmp_path)
+    restored = Learner(str(tiny_model_dir), config, seed=0)
+    restored.load_training_state(tmp_path)
+    assert list(restored.reference_cache.entries) == list(learner.reference_cache.entries)
+    for key, value in learner.reference_cache.entries.items():
+        assert torch.equal(restored.reference_cache.entries[key], value)
+
+
+def test_the_reference_cache_forgets_the_least_recently_used_turn_first():
+    cache = ReferenceCache(capacity=2)
+    cache.add({"a": torch.tensor([1.0]), "b": torch.tensor([2.0])})
+    assert set(cache.found(["a", "z"])) == {"a"}
+    cache.add({"c": torch.tensor([3.0])})
+    assert list(cache.entries) == ["a", "c"]

@@ -149,12 +149,18 @@ def test_bf16_on_a_cpu_that_emulates_it_warns_which_settings_to_change(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "learner", [[], ["learner.kl_coef=0.5", "learner.reference_update_every=1"]], ids=["plain", "moving_reference"]
+    "learner",
+    [
+        [],
+        ["learner.kl_coef=0.5", "rollout.decoding=legal"],
+        ["learner.kl_coef=0.5", "learner.reference_update_every=1"],
+    ],
+    ids=["plain", "cached_reference", "moving_reference"],
 )
 def test_resume_replays_a_lost_step_exactly(tiny_model_dir, tmp_path, learner):
     """Steps after the last checkpoint are lost in a crash; the resumed run redoes them with
-    the same matches, sampling and learner randomness (and KL reference), so it ends where the
-    unbroken run did."""
+    the same matches, sampling and learner randomness (and KL reference, and the reference's
+    cached log-probabilities), so it ends where the unbroken run did."""
     unbroken, broken = tmp_path / "unbroken", tmp_path / "broken"
     common = [*TINY, *learner, f"model={tiny_model_dir}"]
     Trainer(load_config(None, [*common, f"run_dir={unbroken}"]), progress=False).run()
