@@ -21,24 +21,25 @@ import torch
 from safetensors.torch import load_file, save_file
 
 FILE = "reference_logprobs.safetensors"
-CAPACITY = 65_536  # a few megabytes of short responses
+CAPACITY = 65_536  # turns; each holds a 16-byte key and 4 bytes a response token
 
 
-def turn_key(prompt_ids: Sequence[int], response_ids: Sequence[int], choices, grammar: str) -> str:
+def turn_key(prompt_ids: Sequence[int], response_ids: Sequence[int], choices, grammar: str) -> bytes:
     """What fixes a turn's reference log-probabilities: its tokens and the mask it was sampled
     under (legal decoding's choices, structured decoding's grammar)."""
-    return hashlib.blake2b(repr((tuple(prompt_ids), tuple(response_ids), choices, grammar)).encode()).hexdigest()
+    turn = repr((tuple(prompt_ids), tuple(response_ids), choices, grammar)).encode()
+    return hashlib.blake2b(turn, digest_size=16).digest()
 
 
 class ReferenceCache:
     def __init__(self, capacity: int = CAPACITY):
         self.capacity = capacity
-        self.entries: OrderedDict[str, torch.Tensor] = OrderedDict()  # least recently used first
+        self.entries: OrderedDict[bytes, torch.Tensor] = OrderedDict()  # least recently used first
 
     def __len__(self) -> int:
         return len(self.entries)
 
-    def found(self, keys: Sequence[str]) -> dict[str, torch.Tensor]:
+    def found(self, keys: Sequence[bytes]) -> dict[bytes, torch.Tensor]:
         """The entries of `keys` the cache holds, each now the most recently used."""
         hits = {}
         for key in dict.fromkeys(keys):
@@ -47,7 +48,7 @@ class ReferenceCache:
                 hits[key] = self.entries[key]
         return hits
 
-    def add(self, scored: dict[str, torch.Tensor]) -> None:
+    def add(self, scored: dict[bytes, torch.Tensor]) -> None:
         for key, logprobs in scored.items():
             self.entries[key] = logprobs.detach().float().cpu()
             self.entries.move_to_end(key)
@@ -58,9 +59,15 @@ class ReferenceCache:
         self.entries.clear()
 
     def save(self, directory: Path) -> None:
-        # safetensors keeps no order of its own: each name starts with the entry's place.
+        """Three tensors, the entries in order of use: their keys, their lengths, and their
+        log-probabilities end to end."""
+        keys = torch.frombuffer(bytearray(b"".join(self.entries)), dtype=torch.uint8).view(len(self.entries), -1)
         save_file(
-            {f"{place:08d}.{key}": logprobs for place, (key, logprobs) in enumerate(self.entries.items())},
+            {
+                "keys": keys,
+                "lengths": torch.tensor([len(logprobs) for logprobs in self.entries.values()]),
+                "logprobs": torch.cat(list(self.entries.values())),
+            },
             str(directory / FILE),
         )
 
@@ -70,4 +77,5 @@ class ReferenceCache:
         self.clear()
         if (directory / FILE).exists():
             saved = load_file(str(directory / FILE))
-            self.add({name.split(".", 1)[1]: saved[name] for name in sorted(saved)})
+            keys = [bytes(row) for row in saved["keys"].tolist()]
+            self.add(dict(zip(keys, saved["logprobs"].split(saved["lengths"].tolist()))))

@@ -18,6 +18,7 @@ from selfplay import training_state
 from selfplay.checkpoint import MANIFEST, checkpoint_problem, latest_checkpoint, list_checkpoints, save_checkpoint
 from selfplay.errors import UserError
 from selfplay.files import WriteError
+from selfplay.reference_cache import ReferenceCache
 from selfplay.run_dir import RunDir
 
 # The sharded layout written by one process, as these tests do, makes DCP say so.
@@ -31,6 +32,7 @@ class ShardedLearner:
 
     shards = "two processes"  # any value but None: the sharded layout
     reference_moved = False
+    reference_cache = ReferenceCache()
 
     def __init__(self, before_writing=lambda directory: None):
         self.model = torch.nn.Linear(4, 4)
