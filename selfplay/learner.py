@@ -326,13 +326,11 @@ class Learner:
         known = self.reference_cache.found(keys)
         new = {key: sample for key, sample in zip(keys, samples) if key not in known}
         if new:
-            if self.lora:
-                with self.model.disable_adapter():
-                    scored = self._logprobs(list(new.values()), grad=False)
-            else:
-                scored = self._logprobs(list(new.values()), grad=False, model=self.reference)
-            known.update(zip(new, scored))
-            self.reference_cache.add(dict(zip(new, scored)))
+            # With LoRA the reference is the same model with its adapters switched off.
+            with self.model.disable_adapter() if self.lora else contextlib.nullcontext():
+                scored = dict(zip(new, self._logprobs(list(new.values()), grad=False, model=self.reference)))
+            known.update(scored)
+            self.reference_cache.add(scored)
         return [known[key].to(self.device) for key in keys]
 
     def move_reference(self) -> None:
