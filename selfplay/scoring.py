@@ -64,9 +64,10 @@ def response_hidden(
 
     The prompts' common prefix (a game's rules, in practice most of the prompt) runs once and
     its keys and values are repeated across the batch; gradients through it are the same as
-    running it per row. A prompt that several responses share (a GRPO group's samples, a probe
-    scoring every legal move of a state) runs once too, its responses after it; gradients
-    through it are again those of whole rows, and the same to the bit on every repeat.
+    running it per row. Without gradients (a probe scoring every legal move of a state), a
+    prompt that several responses share runs once too, its responses after it. With them, each
+    row runs whole: through shared prompts, a resumed run's update came out different in its
+    last bits from the unbroken run's, and a resumed run must repeat the run it resumes.
 
     `share_prefix=False` runs every row whole, each layer once per call: a sharded model
     (`selfplay.sharding`) gathers each layer once per forward pass and frees it after, so a
@@ -82,7 +83,7 @@ def response_hidden(
     for prompt in prompts[1:]:
         shared = next((i for i in range(shared) if prompt[i] != first[i]), shared)
     distinct = {tuple(prompt): None for prompt in prompts}
-    whole_rows = len(distinct) == len(prompts) or not share_prefix
+    whole_rows = len(distinct) == len(prompts) or torch.is_grad_enabled() or not share_prefix
     cache = None
     if shared > 0:
         prefix = torch.tensor([list(first[:shared])], device=device)

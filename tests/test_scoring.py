@@ -70,20 +70,3 @@ def test_bf16_counts_as_native_on_accelerators_and_non_x86_cpus_and_by_instructi
         assert bf16_is_native("cpu") == (avx512_bf16 or amx)
     monkeypatch.setattr(platform, "machine", lambda: "aarch64")
     assert bf16_is_native("cpu")
-
-
-def gradients(model, prompts, responses, share_prefix):
-    model.zero_grad(set_to_none=True)
-    logprobs, _ = response_logprobs_and_entropy(model, prompts, responses, share_prefix=share_prefix)
-    torch.cat(logprobs).sum().backward()
-    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-
-
-def test_gradients_through_shared_prompts_are_those_of_whole_rows_and_repeat_to_the_bit(model):
-    shared = gradients(model, SHARED_PROMPTS, SHARED_RESPONSES, share_prefix=True)
-    whole = gradients(model, SHARED_PROMPTS, SHARED_RESPONSES, share_prefix=False)
-    again = gradients(model, SHARED_PROMPTS, SHARED_RESPONSES, share_prefix=True)
-    assert shared.keys() == whole.keys() and len(shared) > 10
-    for name in shared:
-        assert torch.allclose(shared[name], whole[name], atol=1e-5, rtol=1e-4), name
-        assert torch.equal(shared[name], again[name]), name
