@@ -11,6 +11,7 @@ import os
 import pickle
 import signal
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -46,7 +47,7 @@ def ensure_local_ray() -> None:
     """One local Ray instance, started by the first test that needs it and kept for the next
     (the fake-cluster test alone replaces it with its own)."""
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        connect(DistributedConfig(rollout_workers=2))
 
 
 @pytest.fixture
@@ -121,6 +122,23 @@ def test_ray_missing_unreachable_or_too_small_is_one_clear_error(monkeypatch):
     check_resources(DistributedConfig(rollout_workers=4, worker_cpus=0.5), nodes)
     with pytest.raises(UserError, match="distributed.rollout_workers to 1 or more"):
         load_config(None, ["distributed.max_staleness=1"])
+
+
+def test_a_local_ray_starts_beside_the_stale_address_of_a_killed_cluster(monkeypatch):
+    if ray.is_initialized():
+        ray.shutdown()
+    # Ray's temp dir, short: its sockets live there and a Unix socket's path has at most 107 bytes.
+    with tempfile.TemporaryDirectory(dir="/tmp", prefix="ray") as temp_dir:
+        monkeypatch.setenv("RAY_TMPDIR", temp_dir)
+        stale = os.path.join(temp_dir, "ray", "ray_current_cluster")
+        os.makedirs(os.path.dirname(stale))
+        with open(stale, "w") as file:
+            file.write("127.0.0.1:1")  # what a cluster killed before its shutdown leaves behind
+        try:
+            assert connect(DistributedConfig(rollout_workers=1))
+            assert [node["Alive"] for node in ray.nodes()] == [True]
+        finally:
+            ray.shutdown()
 
 
 class InspectedWorker(RolloutWorker):

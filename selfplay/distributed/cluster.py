@@ -32,11 +32,19 @@ def connect(config: DistributedConfig, learner_gpus: int = 0) -> bool:
                 _probe(address)
                 ray.init(address=address, log_to_driver=False)
             else:
-                # A local instance: as many CPUs as the machine has, or as the workers ask for.
+                # A local instance: as many CPUs as the machine has, or as the workers ask for. "local",
+                # because Ray would otherwise join the cluster it last recorded in its temp dir, which a
+                # killed process leaves behind.
                 cpus = max(os.cpu_count() or 1, config.rollout_workers * config.worker_cpus)
                 # Ray hands out GPUs from 0 up: the first ones, those the learner leaves.
                 gpus = max(0, local_gpus() - learner_gpus) if learner_gpus else None
-                ray.init(num_cpus=math.ceil(cpus), num_gpus=gpus, include_dashboard=False, log_to_driver=False)
+                ray.init(
+                    address="local",
+                    num_cpus=math.ceil(cpus),
+                    num_gpus=gpus,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                )
         except ConnectionError as err:
             reason = str(err).rstrip(".")
             raise UserError(
