@@ -197,9 +197,10 @@ class Learner:
                 members += copies[first]
                 at += list(range(start, start + len(logp))) * len(copies[first])
                 start += len(logp)
+            # index_select: its backward adds the copies' gradients in order (see `response_hidden`).
             at = torch.tensor(at, device=logprobs[0].device)
-            logp = torch.cat(logprobs).float()[at]
-            entropy = torch.cat(entropies).float()[at]
+            logp = torch.cat(logprobs).float().index_select(0, at)
+            entropy = torch.cat(entropies).float().index_select(0, at)
             lengths = torch.tensor([len(samples[i].response_ids) for i in members], device=logp.device)
             per_sample = [[samples[i].advantage for i in members], [weight_of[i] for i in members]]
             advantage, weight = torch.tensor(per_sample, device=logp.device).repeat_interleave(lengths, dim=1)

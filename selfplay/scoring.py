@@ -64,10 +64,10 @@ def response_hidden(
 
     The prompts' common prefix (a game's rules, in practice most of the prompt) runs once and
     its keys and values are repeated across the batch; gradients through it are the same as
-    running it per row. Without gradients (a probe scoring every legal move of a state), a
-    prompt that several responses share runs once too, its responses after it. With them, each
-    row runs whole: through shared prompts, a resumed run's update came out different in its
-    last bits from the unbroken run's, and a resumed run must repeat the run it resumes.
+    running it per row. A prompt that several responses share (a GRPO group's samples, a probe
+    scoring every legal move of a state) runs once too, its responses after it; gradients
+    through it are again those of whole rows, and the same to the bit on every repeat, on one
+    thread or several (a resumed run must repeat the run it resumes).
 
     `share_prefix=False` runs every row whole, each layer once per call: a sharded model
     (`selfplay.sharding`) gathers each layer once per forward pass and frees it after, so a
@@ -83,7 +83,7 @@ def response_hidden(
     for prompt in prompts[1:]:
         shared = next((i for i in range(shared) if prompt[i] != first[i]), shared)
     distinct = {tuple(prompt): None for prompt in prompts}
-    whole_rows = len(distinct) == len(prompts) or torch.is_grad_enabled() or not share_prefix
+    whole_rows = len(distinct) == len(prompts) or not share_prefix
     cache = None
     if shared > 0:
         prefix = torch.tensor([list(first[:shared])], device=device)
@@ -123,18 +123,23 @@ def _shared_prompts_hidden(decoder, distinct, prompts, responses, shared: int, c
     end, as sampling did."""
     device = decoder.device
     index = {prompt: i for i, prompt in enumerate(distinct)}
-    of_row = [index[tuple(prompt)] for prompt in prompts]
+    of_row = torch.tensor([index[tuple(prompt)] for prompt in prompts], device=device)
     suffixes = [prompt[shared:] for prompt in distinct]
     width = max(map(len, suffixes))
     out = decoder(input_ids=_right_padded(suffixes, width).to(device), past_key_values=cache, use_cache=True)
     # The hidden state after each prompt's last token predicts its responses' first token.
     ends = [len(prompts[row]) - shared - 1 for row in range(len(prompts))]
-    first_tokens = out.last_hidden_state[of_row, ends]
+    at_ends = of_row * width + torch.tensor(ends, device=device)
+    first_tokens = out.last_hidden_state.flatten(0, 1).index_select(0, at_ends)  # (as the cache below)
     longest = max(map(len, responses)) - 1
     if longest == 0:
         return first_tokens
     cache = out.past_key_values
-    cache.batch_select_indices(torch.tensor(of_row, device=device))
+    # Each row its prompt's keys and values, by index_select: its backward adds up a prompt's rows
+    # in order, where an indexing gather's adds them as several threads reach them, and its bits
+    # would change from run to run.
+    for layer in cache.layers:
+        layer.keys, layer.values = layer.keys.index_select(0, of_row), layer.values.index_select(0, of_row)
     mask = torch.zeros((len(prompts), shared + width + longest), dtype=torch.long)
     mask[:, :shared] = 1
     for row, end in enumerate(ends):

@@ -70,3 +70,31 @@ def test_bf16_counts_as_native_on_accelerators_and_non_x86_cpus_and_by_instructi
         assert bf16_is_native("cpu") == (avx512_bf16 or amx)
     monkeypatch.setattr(platform, "machine", lambda: "aarch64")
     assert bf16_is_native("cpu")
+
+
+def gradients(model, prompts, responses, share_prefix):
+    model.zero_grad(set_to_none=True)
+    logprobs, _ = response_logprobs_and_entropy(model, prompts, responses, share_prefix=share_prefix)
+    torch.cat(logprobs).sum().backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def test_gradients_through_shared_prompts_are_those_of_whole_rows_and_repeat_to_the_bit(model):
+    """Rows gather their prompt's keys and values; on several threads a gather whose backward adds
+    the rows' gradients in whatever order the threads reach them would differ from run to run."""
+    generator = torch.Generator().manual_seed(0)
+    distinct = [[7, 8, 9, *torch.randint(3, 200, (24,), generator=generator).tolist()] for _ in range(8)]
+    prompts = [distinct[row % len(distinct)] for row in range(128)]  # each prompt's rows apart
+    responses = [torch.randint(3, 200, (1 + row % 4,), generator=generator).tolist() for row in range(128)]
+    whole = gradients(model, prompts, responses, share_prefix=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        repeats = [gradients(model, prompts, responses, share_prefix=True) for _ in range(6)]
+    finally:
+        torch.set_num_threads(threads)
+    shared = repeats[0]
+    assert shared.keys() == whole.keys() and len(shared) > 10
+    for name in shared:
+        assert torch.allclose(shared[name], whole[name], atol=1e-5, rtol=1e-4), name
+        assert all(torch.equal(shared[name], again[name]) for again in repeats[1:]), name
