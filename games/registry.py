@@ -67,13 +67,27 @@ def _is_builtin(ep: EntryPoint) -> bool:
     return ep.dist is not None and ep.dist.name == PACKAGE
 
 
+def _game_entry_points() -> tuple[tuple[EntryPoint, bool], ...]:
+    """The game entry points installed on the current import path, each with whether this
+    package registers it, built-in first."""
+    return _entry_points_on(tuple(sys.path))
+
+
+@functools.lru_cache(maxsize=8)
+def _entry_points_on(path: tuple[str, ...]) -> tuple[tuple[EntryPoint, bool], ...]:
+    # Read once per import path: reading them parses every installed package's metadata (15 ms
+    # and more), and a rollout makes a game for each match it starts.
+    found = [(ep, _is_builtin(ep)) for ep in entry_points(group=ENTRY_POINT_GROUP)]
+    return tuple(sorted(found, key=lambda found: not found[1]))
+
+
 def registered_games() -> dict[str, Callable[[], Callable[..., TextGame]]]:
     """Every game name, built-in first (native, then this package's entry points), mapped to a
     loader of its factory."""
     games: dict[str, Callable[[], Callable[..., TextGame]]] = {
         name: (lambda target=target: _load(target)) for name, target in NATIVE_GAMES.items()
     }
-    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: not _is_builtin(ep)):
+    for ep, _ in _game_entry_points():
         games.setdefault(ep.name, lambda ep=ep: _load_entry_point(ep))
     return games
 
@@ -85,7 +99,7 @@ def builtin_games() -> list[str]:
 
 
 def _builtin_entry_points() -> list[EntryPoint]:
-    return [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if _is_builtin(ep)]
+    return [ep for ep, builtin in _game_entry_points() if builtin]
 
 
 def _stale_install_warning() -> str | None:

@@ -71,7 +71,7 @@ def test_role_games_live_in_roles_and_are_built_in(name):
 
 
 def test_an_install_without_the_role_games_entry_points_says_to_reinstall(monkeypatch, capsys):
-    monkeypatch.setattr(registry, "entry_points", lambda group: [])
+    monkeypatch.setattr(registry, "_game_entry_points", lambda: ())
     with pytest.raises(UnknownGameError, match=r"role games.*pip install -e \."):
         make_game("secret_keeping")
     assert main(["games", "list"]) == 0
