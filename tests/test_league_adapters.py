@@ -316,3 +316,31 @@ def test_the_engine_samples_every_adapter_over_one_model_in_one_batch(mixed_leag
     trajectories = list(RolloutEngine(seated, settings).run(matches))
     assert {turn.agent for trajectory in trajectories for turn in trajectory.turns} == set(seated)
     assert batches[0] == len(players)  # the first turn of every game, whoever plays it, in one batch
+
+
+def test_the_learners_own_rows_compute_as_without_a_pool_on_peft_s_plain_path(mixed_league, monkeypatch):
+    """While snapshots' adapters are routed, a call whose rows are all the learner's own runs
+    peft's plain path (no copy of every row for the mixed path), to the same bits."""
+    from peft.tuners.lora import Linear
+
+    main, players, prompts = mixed_league
+    ids = torch.tensor([prompts[0]] * 3)
+    with torch.no_grad():
+        plain = main.model(input_ids=ids).logits
+    mixed_calls = []
+    mixed_batch_forward = Linear._mixed_batch_forward
+    monkeypatch.setattr(
+        Linear, "_mixed_batch_forward", lambda *a, **k: mixed_calls.append(1) or mixed_batch_forward(*a, **k)
+    )
+    pool = players[1].adapter.pool
+    adapters = [(p.adapter.name, p.adapter.directory) for p in players[1:3]]
+    with pool.routed(adapters), torch.no_grad():
+        with pool.rows([TRAINED_ADAPTER]):
+            own = main.model(input_ids=ids).logits
+        assert not mixed_calls
+        with pool.rows([TRAINED_ADAPTER, players[1].adapter.name, TRAINED_ADAPTER]):
+            mixed = main.model(input_ids=ids).logits
+        assert mixed_calls
+    assert torch.equal(own, plain)
+    assert torch.allclose(mixed[0], plain[0], atol=1e-5)
+    assert not torch.allclose(mixed[1], plain[1], atol=1e-3)  # the snapshot's row: its own adapter

@@ -110,9 +110,13 @@ class AdapterPool:
         for name, directory in adapters:
             self._load(name, directory)
 
+        own = self.model.active_adapter
+
         def rows_with_adapters(_module, args, kwargs):
-            rows = len(args[0] if args else kwargs["x"])
             names = self.row_adapters
+            if names == [own]:  # peft's plain path, the same sums without the mixed path's copy of every row
+                return args, kwargs
+            rows = len(args[0] if args else kwargs["x"])
             return args, {**kwargs, "adapter_names": names * rows if len(names) == 1 else names}
 
         handles = [
