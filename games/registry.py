@@ -78,7 +78,7 @@ def _entry_points_on(path: tuple[str, ...]) -> tuple[tuple[EntryPoint, bool], ..
     # Read once per import path: reading them parses every installed package's metadata (15 ms
     # and more), and a rollout makes a game for each match it starts.
     found = [(ep, _is_builtin(ep)) for ep in entry_points(group=ENTRY_POINT_GROUP)]
-    return tuple(sorted(found, key=lambda found: not found[1]))
+    return tuple(sorted(found, key=lambda entry: not entry[1]))
 
 
 def registered_games() -> dict[str, Callable[[], Callable[..., TextGame]]]:

@@ -127,18 +127,18 @@ def _shared_prompts_hidden(decoder, distinct, prompts, responses, shared: int, c
     suffixes = [prompt[shared:] for prompt in distinct]
     width = max(map(len, suffixes))
     out = decoder(input_ids=_right_padded(suffixes, width).to(device), past_key_values=cache, use_cache=True)
-    # The hidden state after each prompt's last token predicts its responses' first token.
+    # Rows take their prompt's states by index_select, whose backward adds up a prompt's rows in
+    # order: an indexing gather's backward adds them as several threads reach them, and its bits
+    # would change from run to run. The hidden state after each prompt's last token predicts its
+    # responses' first token.
     ends = [len(prompts[row]) - shared - 1 for row in range(len(prompts))]
     at_ends = of_row * width + torch.tensor(ends, device=device)
-    first_tokens = out.last_hidden_state.flatten(0, 1).index_select(0, at_ends)  # (as the cache below)
+    first_tokens = out.last_hidden_state.flatten(0, 1).index_select(0, at_ends)
     longest = max(map(len, responses)) - 1
     if longest == 0:
         return first_tokens
     cache = out.past_key_values
-    # Each row its prompt's keys and values, by index_select: its backward adds up a prompt's rows
-    # in order, where an indexing gather's adds them as several threads reach them, and its bits
-    # would change from run to run.
-    for layer in cache.layers:
+    for layer in cache.layers:  # each row its prompt's keys and values
         layer.keys, layer.values = layer.keys.index_select(0, of_row), layer.values.index_select(0, of_row)
     mask = torch.zeros((len(prompts), shared + width + longest), dtype=torch.long)
     mask[:, :shared] = 1
