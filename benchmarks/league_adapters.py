@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import dataclasses
 import functools
 import json
@@ -49,7 +50,11 @@ MARGIN_BYTES = 1 << 30  # free memory kept back when seating full snapshots
 
 
 def resident_bytes() -> int:
-    """The resident memory of this process and all its children (a vLLM engine's processes)."""
+    """The resident memory of this process and all its children (a vLLM engine's processes), this
+    process's heap first trimmed: glibc keeps memory freed by earlier steps, more of it the more
+    steps a process has run, and the league arms run after self-play's in the same process."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
     processes = [psutil.Process(), *psutil.Process().children(recursive=True)]
     total = 0
     for process in processes:

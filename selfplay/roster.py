@@ -295,7 +295,7 @@ class Roster:
         learner, league = self.config.learner, self.config.league
         # An exploiter's KL reference is the shared base under its adapters, which stays put. Each
         # restart is a new learner whose lifetime the snapshot rule decides as it goes, so its
-        # rate does not decay with the run's: it warms up from each restart, then stays.
+        # rate and KL penalty do not decay with the run's: it warms up from each restart, then stays.
         # Exploiters train in the trainer's process: the main player's learner alone is sharded.
         return dataclasses.replace(
             learner,
@@ -306,6 +306,8 @@ class Roster:
             kl_coef=learner.kl_coef if league.exploiter_kl_coef is None else league.exploiter_kl_coef,
             lora=dataclasses.replace(learner.lora, rank=league.exploiter_lora_rank),
             reference_update_every=0,
+            reference_update_rate=1.0,
+            kl_schedule="constant",
         )
 
     # -- snapshots -----------------------------------------------------------------------------
@@ -367,6 +369,8 @@ class Roster:
         weights = self.snapshot_weights(name)
         version = self.league.players[name].created_step
         pool = self._adapter_pool() if is_adapter(weights) else None
+        # Every snapshot is the run's model: one tokenizer for all (the main learner's).
+        tokenizer = self.players[MAIN].learner.tokenizer
         if pool is not None:
             backend = make_backend(
                 "hf",
@@ -375,11 +379,17 @@ class Roster:
                 model=pool.model,
                 frozen=True,
                 adapter=PooledAdapter(pool, name, weights),
+                tokenizer=tokenizer,
             )
             backend.version = version
             return backend
         backend = make_backend(
-            "hf", str(self.model_path), self.config.backend_precision, device=self.config.device, frozen=True
+            "hf",
+            str(self.model_path),
+            self.config.backend_precision,
+            device=self.config.device,
+            frozen=True,
+            tokenizer=tokenizer,
         )
         if is_adapter(weights):
             backend.load_state(merged_adapter_weights(self.model_path, weights), version)

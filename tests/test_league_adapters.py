@@ -120,6 +120,7 @@ def test_more_snapshots_than_resident_adapters_each_play_with_their_own_weights(
     played = [turn for trajectory in trajectories for turn in trajectory.turns if turn.agent in SNAPSHOTS]
     assert {turn.agent for turn in played} == set(SNAPSHOTS)
     assert len(roster.adapters.resident) == 2 and sorted(set(loads)) == SNAPSHOTS  # one was unloaded
+    assert all(roster.frozen[name].tokenizer is main.tokenizer for name in SNAPSHOTS)  # no copy per past player
     # Each turn a snapshot played has the log-probabilities of its weights merged into a whole model,
     # and an exact probe reads an unloaded snapshot with its own adapter too (loaded again from disk).
     evicted = next(name for name in SNAPSHOTS if name not in roster.adapters.resident)

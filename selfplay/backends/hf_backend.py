@@ -8,13 +8,13 @@ import functools
 import hashlib
 from array import array
 from collections import OrderedDict, defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from selfplay.backends.base import (
     Generation,
@@ -105,30 +105,10 @@ class AdapterPool:
         which holds whatever runs the model: `generate`, a forward pass, or the decoder alone
         with a prefix run once and then repeated over the batch. A name may be one of the
         model's own adapters."""
-        from peft.tuners.lora import LoraLayer
-
         for name, directory in adapters:
             self._load(name, directory)
-
-        own = self.model.active_adapter
-
-        def rows_with_adapters(_module, args, kwargs):
-            names = self.row_adapters
-            if names == [own]:  # peft's plain path, the same sums without the mixed path's copy of every row
-                return args, kwargs
-            rows = len(args[0] if args else kwargs["x"])
-            return args, {**kwargs, "adapter_names": names * rows if len(names) == 1 else names}
-
-        handles = [
-            layer.register_forward_pre_hook(rows_with_adapters, with_kwargs=True)
-            for layer in self.model.modules()
-            if isinstance(layer, LoraLayer)
-        ]
-        try:
+        with computing_rows_with(self.model, lambda: self.row_adapters):
             yield
-        finally:
-            for handle in handles:
-                handle.remove()
 
     @contextlib.contextmanager
     def rows(self, names: list[str]) -> Iterator[None]:
@@ -156,6 +136,36 @@ class AdapterPool:
         """Free the adapter `name`'s weights, if resident."""
         if self.resident.pop(name, False) is not False:
             self.model.delete_adapter(name)
+
+
+@contextlib.contextmanager
+def computing_rows_with(model: torch.nn.Module, row_adapters: Callable[[], list[str]]) -> Iterator[None]:
+    """While the block runs, every LoRA layer of the peft `model` computes each row of every call
+    with the adapter `row_adapters()` names for it as the call runs, through peft's mixed-batch
+    path (its `adapter_names`): one name a row of the call, or one name for every row of any
+    call. Rows all of the model's active adapter take peft's plain path: the same sums, without
+    the mixed path's copy of every row."""
+    from peft.tuners.lora import LoraLayer
+
+    own = model.active_adapter
+
+    def rows_with_adapters(_module, args, kwargs):
+        names = row_adapters()
+        if names == [own]:
+            return args, kwargs
+        rows = len(args[0] if args else kwargs["x"])
+        return args, {**kwargs, "adapter_names": names * rows if len(names) == 1 else names}
+
+    handles = [
+        layer.register_forward_pre_hook(rows_with_adapters, with_kwargs=True)
+        for layer in model.modules()
+        if isinstance(layer, LoraLayer)
+    ]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 @dataclass(frozen=True)
@@ -256,10 +266,12 @@ class HFBackend(PolicyBackend):
         model: torch.nn.Module | None = None,
         frozen: bool = False,
         adapter: PooledAdapter | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
     ):
         self.model_path = model_path
         self.device = pick_device(device)
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        # Backends of one model may share a tokenizer (a league's past players: SmolLM2's holds 10 MiB).
+        self.tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(model_path)
         self.shares_model = model is not None
         if model is None:
             model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device).eval()
