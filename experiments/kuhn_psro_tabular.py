@@ -24,17 +24,29 @@ solved by `selfplay.evaluation.meta_solvers` as the league solves it. Variants:
 - E2: C with half the main player's games in self-play;
 - E3: E1 and E2 together.
 
+`--set FIELD=VALUE` changes a `Variant` field in every variant run, for the two levers of issue
+74 (docs/experiments/kuhn-poker-magnet.md): the magnet (`reference_every`, `reference_rate`,
+`kl`, `kl_schedule`, as `learner.reference_update_every`, `reference_update_rate`, `kl_coef` and
+`kl_schedule` set them) and the PSRO oracle (`keep_best`, `games_at_value`, `exploiter_kl`,
+`admit`, and `exploiter_noise` for an exploiter that drifts as a language model's did).
+`--steps` and `--constant-lr` fit the run's length and schedule to a recipe's. Since the RAE
+baseline fix, `--lr 2` matches the built-in model's self-play (0.045-0.057 here; 0.038-0.072
+in the LLM runs).
+
 Prints per variant and seed the exploitability of the final meta-strategy's mixture and of the
 main player, the members, those weighted over 0.001 (support), each exploiter's steps (">60":
-frozen at the cap, short of 0.9 of a best response); then the means over seeds.
+frozen at the cap, short of 0.9 of a best response; "x": not admitted) and how many ended at
+or below 0 against their target; then the means over seeds.
 
     python experiments/kuhn_psro_tabular.py --variants SP,A,B,C,D,E1,E2,E3 --lr 1.5 [--noise 1] [--seeds 3]
+    python experiments/kuhn_psro_tabular.py --variants SP --lr 2 --seeds 5 --set reference_every=160 kl=0.25
     python experiments/kuhn_psro_tabular.py --verify
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 from dataclasses import dataclass
 
@@ -50,6 +62,7 @@ _START_BETS = np.array([0.1, 0.2, 0.4] * 4)  # passive, reading its card a littl
 START_LOGITS = np.log(_START_BETS / (1 - _START_BETS))
 STEPS, REFERENCE_EVERY, KL_COEF = 480, 80, 0.5
 EXPLOITER_LR_FACTOR, EXPLOITER_CHECK_EVERY, EXPLOITER_TARGET, EXPLOITER_CAP = 3, 5, 0.9, 60
+GAMES_SCALE_MAX = 8
 
 
 def sigmoid(logits: np.ndarray) -> np.ndarray:
@@ -133,10 +146,10 @@ def behavioural_mixture(policies, weights) -> np.ndarray:
     return np.concatenate([bet, call, (weights * policies[:, 6:12]).sum(0)])
 
 
-def noisy_gradient(logits, opponent, games, variance, rng, reference=None) -> np.ndarray:
+def noisy_gradient(logits, opponent, games, variance, rng, reference=None, kl=KL_COEF) -> np.ndarray:
     """The gradient in logits of the value against `opponent`, with the noise of an estimate from
-    `games` games (half in each seat) whose returns have `variance`, less the KL-like pull toward
-    `reference` if given."""
+    `games` games (half in each seat) whose returns have `variance`, less the KL-like pull of
+    strength `kl` toward `reference` if given."""
     policy = sigmoid(logits)
     slope, visits = policy * (1 - policy), reach(policy, opponent)
     gradient = value_gradient(policy, opponent) * slope
@@ -144,7 +157,7 @@ def noisy_gradient(logits, opponent, games, variance, rng, reference=None) -> np
     # reach * p(1 - p) * variance a game; the two seats' estimates are averaged.
     gradient += 0.5 * np.sqrt(visits * slope * variance / (games / 2)) * rng.standard_normal(12)
     if reference is not None:
-        gradient -= KL_COEF * 0.5 * visits * slope * (logits - reference)
+        gradient -= kl * 0.5 * visits * slope * (logits - reference)
     return gradient
 
 
@@ -155,6 +168,25 @@ class Variant:
     exploiter: str | None = None  # None, "snapshot" (hunt the main player) or "meta" (the mixture)
     solver: str = "nash"
     self_play: float = 0.0  # the main player's share of games against itself
+    # The magnet: the main player's KL reference, moved `reference_rate` of the way to the policy
+    # every `reference_every` steps (1: R-NaD's reset; small, every step: MMD's moving magnet,
+    # an exponential average), its pull `kl` constant or decaying linearly to 0 over the run.
+    reference_every: int = REFERENCE_EVERY
+    reference_rate: float = 1.0
+    kl: float = KL_COEF
+    kl_schedule: str = "constant"
+    # The oracle: freeze an exploiter's best checked logits rather than its last; play
+    # (games_at_value / v)^2 times its games (at most GAMES_SCALE_MAX) against a target a best
+    # response beats by v; pull it with `exploiter_kl` toward its logits at restart; admit it to the
+    # population only if it beats the mixture of the moment ("beats"), or always.
+    keep_best: bool = False
+    games_at_value: float | None = None
+    exploiter_kl: float = 0.0
+    admit: str = "always"
+    # The variance of the exploiter's gradient noise, times that of the main player's: above 1 it
+    # drifts as a language model's did (kuhn-poker-psro.md: half its exploiters near equilibrium
+    # ended at or below 0 against their target), which exact gradients plus noise do not.
+    exploiter_noise: float = 1.0
 
 
 VARIANTS = {
@@ -190,12 +222,17 @@ class Population:
         return behavioural_mixture(self.members, self.weights())
 
 
-def train(variant: Variant, seed: int, lr: float, noise: float) -> dict:
-    """One run of `variant` from the passive start; what its population and main player end at."""
+def train(variant: Variant, seed: int, lr: float, noise: float, steps: int = STEPS, decay: bool = True) -> dict:
+    """One run of `variant` from the passive start; what its population and main player end at.
+    A run plays as many games as `steps` steps at the variant's games a step, however many steps
+    that takes (an exploiter playing more games ends it sooner); the learning rate (if `decay`)
+    and an annealed KL fall linearly with the games played."""
     rng, variance = np.random.default_rng(seed), RETURN_VARIANCE * noise
     share, games = variant.self_play, variant.games
-    main, population, exploiter_steps = START_LOGITS.copy(), Population(variant.solver), []
+    budget = steps * games * (2 if variant.exploiter else 1)
+    main, population, exploiter_steps, exploiter_values = START_LOGITS.copy(), Population(variant.solver), [], []
     population.add(sigmoid(main))
+    reference = main.copy()
 
     def restart_exploiter():
         """From the main player's weights, against the meta-strategy's mixture or a new snapshot."""
@@ -204,29 +241,56 @@ def train(variant: Variant, seed: int, lr: float, noise: float) -> dict:
             population.add(target)
         return main.copy(), target, 0
 
+    def exploiter_games(target) -> int:
+        if variant.games_at_value is None:
+            return games
+        scale = (variant.games_at_value / max(exploitability(target), 1e-9)) ** 2
+        return int(games * min(max(scale, 1.0), GAMES_SCALE_MAX))
+
+    def freeze(policy, trained, hit) -> None:
+        admitted = variant.admit == "always" or seat_averaged_value(policy, population.mixture()) > 0
+        exploiter_steps.append(("" if hit else ">") + str(trained) + ("" if admitted else "x"))
+        exploiter_values.append(seat_averaged_value(policy, target) / exploitability(target))
+        if admitted:
+            population.add(policy)
+
     if variant.exploiter:
         exploiter, target, trained = restart_exploiter()
-    for step in range(STEPS):
-        step_lr = lr * (1 - step / STEPS)
-        if step % REFERENCE_EVERY == 0:
-            reference = main.copy()
+        start, best, best_value = exploiter.copy(), exploiter.copy(), -np.inf
+    played, step = 0, 0
+    while played < budget:
+        done = played / budget
+        step_lr = lr * (1 - done if decay else 1)
+        kl = variant.kl * (1 - done if variant.kl_schedule == "linear" else 1)
+        if step and step % variant.reference_every == 0:
+            reference = reference + variant.reference_rate * (main - reference)
         gradient = 0
         if share > 0:
-            gradient = share * noisy_gradient(main, sigmoid(main), games * share, variance, rng, reference)
+            gradient = share * noisy_gradient(main, sigmoid(main), games * share, variance, rng, reference, kl)
         if share < 1:
             against = population.mixture()
-            gradient += (1 - share) * noisy_gradient(main, against, games * (1 - share), variance, rng, reference)
+            gradient += (1 - share) * noisy_gradient(main, against, games * (1 - share), variance, rng, reference, kl)
         main = main + step_lr * gradient
+        played += games
         if variant.exploiter:
-            exploiter = exploiter + EXPLOITER_LR_FACTOR * lr * noisy_gradient(exploiter, target, games, variance, rng)
+            pulled = (start, variant.exploiter_kl) if variant.exploiter_kl else (None,)
+            hunting = exploiter_games(target)
+            exploiter = exploiter + EXPLOITER_LR_FACTOR * lr * noisy_gradient(
+                exploiter, target, hunting, variance * variant.exploiter_noise, rng, *pulled
+            )
+            played += hunting
             trained += 1
             if trained % EXPLOITER_CHECK_EVERY == 0:
-                hit = seat_averaged_value(sigmoid(exploiter), target) >= EXPLOITER_TARGET * exploitability(target)
+                value = seat_averaged_value(sigmoid(exploiter), target)
+                if value > best_value:
+                    best, best_value = exploiter.copy(), value
+                hit = value >= EXPLOITER_TARGET * exploitability(target)
                 if hit or trained >= EXPLOITER_CAP:
-                    exploiter_steps.append(str(trained) if hit else f">{trained}")
-                    population.add(sigmoid(exploiter))
+                    freeze(sigmoid(best if variant.keep_best else exploiter), trained, hit)
                     exploiter, target, trained = restart_exploiter()
-        if (step + 1) % variant.snapshot_every == 0:
+                    start, best, best_value = exploiter.copy(), exploiter.copy(), -np.inf
+        step += 1
+        if step % variant.snapshot_every == 0:
             population.add(sigmoid(main))
     return dict(
         mixture=exploitability(population.mixture()),
@@ -234,6 +298,8 @@ def train(variant: Variant, seed: int, lr: float, noise: float) -> dict:
         members=len(population.members),
         support=int((population.weights() > 1e-3).sum()),
         exploiter_steps=exploiter_steps,
+        exploiter_values=exploiter_values,
+        steps=step,
     )
 
 
@@ -272,24 +338,46 @@ def verify() -> None:
     print(f"exploitability at the start {start:.3f}, of uniform play {uniform:.3f}")
 
 
+def _parsed(value: str, annotation: str):
+    """A --set value as its Variant field's type ("none" for an optional one's None)."""
+    if value.lower() == "none":
+        return None
+    if annotation.startswith("bool"):
+        return value.lower() in ("1", "true", "yes")
+    for kind in (int, float):
+        if annotation.startswith(kind.__name__) or annotation.startswith(f"{kind.__name__} |"):
+            return kind(value)
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variants", default="SP,A,B,C,D,E1,E2,E3", help="comma-separated: " + ",".join(VARIANTS))
     parser.add_argument("--lr", type=float, default=1.5, help="initial learning rate (the exploiter's is 3 times it)")
     parser.add_argument("--noise", type=float, default=1.0, help="multiplier on the variance of a game's return")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=STEPS, help="steps of the variant's games a run plays")
+    parser.add_argument("--constant-lr", action="store_true", help="no decay of the learning rate")
+    parser.add_argument(
+        "--set", nargs="+", default=[], metavar="FIELD=VALUE", help="override a Variant field in every variant"
+    )
     parser.add_argument("--verify", action="store_true", help="check the closed forms against OpenSpiel and exit")
     args = parser.parse_args()
     if args.verify:
         return verify()
+    fields = {field.name: field.type for field in dataclasses.fields(Variant)}
+    overrides = {key: _parsed(value, fields[key]) for key, value in (item.split("=", 1) for item in args.set)}
     rows = []
     for name in args.variants.split(","):
         results = []
+        variant = dataclasses.replace(VARIANTS[name], **overrides)
         for seed in range(args.seeds):
-            results.append(r := train(VARIANTS[name], seed, args.lr, args.noise))
+            results.append(r := train(variant, seed, args.lr, args.noise, args.steps, not args.constant_lr))
             print(
                 f"{name} seed {seed}: mixture {r['mixture']:.3f}  main {r['main']:.3f}  members {r['members']}  "
-                f"support {r['support']}  exploiter steps {' '.join(r['exploiter_steps']) or '-'}",
+                f"support {r['support']}  exploiter steps {' '.join(r['exploiter_steps']) or '-'}  "
+                f"exploiters at or below 0 against their target: "
+                f"{sum(v <= 0 for v in r['exploiter_values'])} of {len(r['exploiter_values'])}",
                 flush=True,
             )
         rows.append((name, *(statistics.mean(r[key] for r in results) for key in ("mixture", "main", "support"))))

@@ -156,11 +156,18 @@ class LearnerConfig:
     aggregation: Literal["seq_mean_token_mean", "token_mean", "token_sum"] = "token_mean"
     # token_sum divides by this many tokens per sequence (Dr.GRPO); null uses rollout.max_new_tokens.
     token_sum_length: AtLeastOne | None = None
-    kl_coef: NonNegative = 0.0  # penalty towards the frozen initial policy; 0 loads no reference model
-    # Every this many steps the KL reference becomes the current policy: a moving magnet, as in
-    # R-NaD and magnetic mirror descent, so that the penalty damps self-play's cycling without
-    # holding the policy near its start for good. 0 keeps the initial policy.
+    kl_coef: NonNegative = 0.0  # penalty towards the KL reference (the initial policy); 0 loads no reference
+    # The magnet: every this many steps the KL reference moves towards the current policy, so that
+    # the penalty damps self-play's cycling without holding the policy near its start for good
+    # (R-NaD, magnetic mirror descent). 0 keeps the initial policy. With LoRA the reference is a
+    # second, frozen adapter over the same base. How each schedule fares: docs/experiments/kuhn-poker-magnet.md.
     reference_update_every: int = 0
+    # How far each move takes the reference: 1 makes it the current policy (R-NaD's reset); below 1
+    # it moves that fraction of the way, weight by weight, so that moving every step (1) at a small
+    # rate is MMD's moving magnet, an exponential average of the policy's weights.
+    reference_update_rate: Annotated[float, Bounds(0, 1, low_open=True)] = 1.0
+    # constant: kl_coef at every step; linear: from kl_coef down to 0 over the run (an annealed magnet).
+    kl_schedule: Literal["constant", "linear"] = "constant"
     entropy_coef: NonNegative = 0.0  # bonus for the entropy of each response token's distribution
     # truncated importance sampling between sampler and learner: no token weighs more than this
     importance_clip: Annotated[float, Bounds(1)] | None = 2.0
@@ -198,10 +205,21 @@ class LearnerConfig:
                 "learner.processes shards a full fine-tune; LoRA adapters are small enough for one process: set "
                 "learner.lora.rank=0, or learner.processes=1."
             )
-        if self.reference_update_every and (self.kl_coef <= 0 or self.lora.rank > 0):
+        if self.reference_update_every and self.kl_coef <= 0:
             raise UserError(
-                "learner.reference_update_every moves the KL reference of a full fine-tune: set learner.kl_coef "
-                "above 0 and learner.lora.rank=0, or set learner.reference_update_every=0."
+                "learner.reference_update_every moves the reference of the KL penalty, which learner.kl_coef=0 "
+                "turns off: set learner.kl_coef above 0 (e.g. 0.5), or learner.reference_update_every=0."
+            )
+        if self.reference_update_rate < 1 and not self.reference_update_every:
+            raise UserError(
+                "learner.reference_update_rate is how far each move of the KL reference goes, and "
+                "learner.reference_update_every=0 never moves it: set learner.reference_update_every (e.g. 1), "
+                "or learner.reference_update_rate=1."
+            )
+        if self.kl_schedule != "constant" and self.kl_coef <= 0:
+            raise UserError(
+                f"learner.kl_schedule={self.kl_schedule} anneals learner.kl_coef, which is 0: set learner.kl_coef "
+                "above 0, or learner.kl_schedule=constant."
             )
 
 

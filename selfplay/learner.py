@@ -38,6 +38,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from selfplay import training_state
 from selfplay.backends.base import save_weights, stop_ids
+from selfplay.backends.hf_backend import computing_rows_with
 from selfplay.checkpoint import ADAPTER_DIR, role_adapter_part
 from selfplay.config import LearnerConfig
 from selfplay.errors import UserError
@@ -51,6 +52,8 @@ from selfplay.structured_decoding import Grammars
 # The name of a LoRA learner's own adapter in its peft model (peft's default): the one it trains,
 # saves and merges. Other adapters may sit beside it (league snapshots served over its base).
 TRAINED_ADAPTER = "default"
+# A LoRA learner's moving KL reference, a frozen adapter beside its own (`learner.reference_update_every`).
+REFERENCE_ADAPTER = "reference"
 
 
 class NonFiniteUpdate(RuntimeError):
@@ -112,14 +115,19 @@ class Learner:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model = _without_dropout(model)
         self.model.train()  # for activation checkpointing, which transformers runs in train mode only
-        # With LoRA the reference policy is the base model with adapters switched off; without,
-        # a frozen copy, loaded only when the KL penalty needs it.
+        # The KL reference, loaded only when the penalty needs it: without LoRA a frozen copy of
+        # the model; with LoRA the base model with adapters switched off, or, where the reference
+        # moves, a frozen adapter beside the trained one, which starts as the initial policy.
         self.reference = None
+        self.reference_adapter = self.lora and config.kl_coef > 0 and config.reference_update_every > 0
         self.reference_moved = False  # True once the reference is no longer the initial policy
         if config.kl_coef > 0 and not self.lora:
             self.reference = self._placed(AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32))
             self.reference.eval().requires_grad_(False)
+        if self.reference_adapter:
+            _add_reference_adapter(self.model)
         self.reference_cache = ReferenceCache()
+        self.kl_coef = config.kl_coef  # this step's, under `kl_schedule`
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
 
@@ -158,9 +166,12 @@ class Learner:
 
     def scheduled_update(self, samples: Sequence[Sample], step: int, total_steps: int) -> dict[str, float]:
         """Update `step` (counted from 1) of a run of `total_steps`: `update` at the learning rate
-        the schedule gives that step (`scheduled_lr`), then the KL reference moves to the new
-        policy if `reference_update_every` says it is due."""
+        the schedule gives that step (`scheduled_lr`) and KL penalty `scheduled_kl`, then the KL
+        reference moves towards the new policy if `reference_update_every` says it is due."""
+        self.kl_coef = scheduled_kl(self.config, step, total_steps)
         stats = self.update(samples, scheduled_lr(self.config, step, total_steps))
+        if self.config.kl_schedule != "constant":
+            stats["kl_coef"] = self.kl_coef
         every = self.config.reference_update_every
         if every and step % every == 0:
             self.move_reference()
@@ -224,7 +235,7 @@ class Learner:
             if reference is not None:
                 log_ratio = torch.cat([reference[i] for i in members]) - logp
                 kl = torch.exp(log_ratio) - log_ratio - 1
-                token_loss = token_loss + config.kl_coef * kl
+                token_loss = token_loss + self.kl_coef * kl
                 sums["kl"] += kl.detach().sum().item()
             loss = (weight * token_loss).sum()
             loss.backward()
@@ -327,18 +338,63 @@ class Learner:
         known = self.reference_cache.found(keys)
         new = {key: sample for key, sample in zip(keys, samples) if key not in known}
         if new:
-            # With LoRA the reference is the same model with its adapters switched off.
-            with self.model.disable_adapter() if self.lora else contextlib.nullcontext():
+            # With LoRA the reference is the same model, with its reference adapter or none.
+            if self.reference_adapter:
+                as_reference = computing_rows_with(self.model, lambda: [REFERENCE_ADAPTER])
+            else:
+                as_reference = self.model.disable_adapter() if self.lora else contextlib.nullcontext()
+            with as_reference:
                 scored = dict(zip(new, self._logprobs(list(new.values()), grad=False, model=self.reference)))
             known.update(scored)
             self.reference_cache.add(scored)
         return [known[key].to(self.device) for key in keys]
 
     def move_reference(self) -> None:
-        """Make the current policy the KL reference (see `LearnerConfig.reference_update_every`)."""
-        self.reference.load_state_dict(self.model.state_dict())
+        """Move the KL reference `reference_update_rate` of the way to the current policy, weight
+        by weight: all the way makes it the policy (see `LearnerConfig.reference_update_every`).
+        With LoRA the reference adapter moves towards the trained one: below a rate of 1 each of
+        its two factors moves on its own, so their product, the reference's change to the base,
+        differs from that interpolation by the product of the factors' own differences (rate
+        times (1 - rate) times (B - B_ref)(A - A_ref)), small while the reference follows closely."""
+        rate = self.config.reference_update_rate
+        policy = self._policy_weights()
+        with torch.no_grad():
+            for name, reference in self._reference_weights().items():
+                if rate == 1:
+                    reference.copy_(policy[name])
+                else:
+                    reference.lerp_(policy[name], rate)
         self.reference_moved = True
         self.reference_cache.clear()
+
+    def _reference_weights(self) -> dict[str, torch.Tensor]:
+        """The reference's weights by name, each tensor once (tied embeddings are one): the
+        reference adapter's, or the frozen copy's."""
+        if self.reference_adapter:
+            marker = f".{REFERENCE_ADAPTER}."
+            return {name: p for name, p in self.model.named_parameters() if marker in name}
+        return dict(self.reference.named_parameters())
+
+    def _policy_weights(self) -> dict[str, torch.Tensor]:
+        """The policy's weights under the names of the reference's that stand for them."""
+        if self.reference_adapter:
+            own, reference = f".{TRAINED_ADAPTER}.", f".{REFERENCE_ADAPTER}."
+            return {name.replace(own, reference): p for name, p in self.model.named_parameters() if own in name}
+        return dict(self.model.named_parameters())
+
+    def reference_adapter_state(self) -> dict[str, torch.Tensor]:
+        """The reference adapter's weights, to save in the training state once moved."""
+        return {name: tensor.detach().cpu().contiguous() for name, tensor in self._reference_weights().items()}
+
+    def load_reference_adapter(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Restore what `reference_adapter_state` saved."""
+        weights = self._reference_weights()
+        if weights.keys() != tensors.keys():
+            raise ValueError("the saved KL reference adapter does not fit this run's LoRA settings")
+        with torch.no_grad():
+            for name, tensor in tensors.items():
+                weights[name].copy_(tensor)
+        self.reference_moved = True
 
     def held_bytes(self) -> list[dict[str, int]]:
         """What each process of the learner holds between updates: the bytes of its weights,
@@ -517,6 +573,26 @@ def scheduled_lr(config: LearnerConfig, step: int, total_steps: int) -> float:
     done = (step - 1 - config.warmup_steps) / max(1, total_steps - config.warmup_steps)
     factor = 1.0 - done if config.lr_schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * done))
     return config.lr * factor
+
+
+def scheduled_kl(config: LearnerConfig, step: int, total_steps: int) -> float:
+    """The KL penalty's coefficient at update `step` (counted from 1) of `total_steps`: `kl_coef`
+    throughout, or falling linearly from it towards 0 (`kl_schedule`)."""
+    if config.kl_schedule == "constant":
+        return config.kl_coef
+    return config.kl_coef * (1.0 - (step - 1) / max(1, total_steps))
+
+
+def _add_reference_adapter(peft_model) -> None:
+    """A frozen adapter beside the trained one, with its settings, as the moving KL reference: a
+    new adapter adds nothing to the base (its B factors are zero), so it starts as the initial
+    policy. Its random A factors are drawn aside, leaving the run's random numbers as they were."""
+    with torch.random.fork_rng(devices=[]):
+        peft_model.add_adapter(REFERENCE_ADAPTER, peft_model.peft_config[TRAINED_ADAPTER])
+    marker = f".{REFERENCE_ADAPTER}."
+    for name, parameter in peft_model.named_parameters():
+        if marker in name:
+            parameter.requires_grad_(False)
 
 
 def _sharing_weights(model: torch.nn.Module) -> torch.nn.Module:

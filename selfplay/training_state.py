@@ -1,7 +1,7 @@
 """A learner's training state beside its policy weights in a checkpoint: the optimizer's state,
-the KL reference once `learner.reference_update_every` has moved it off the initial policy, and
-the reference's cached log-probabilities (`selfplay.reference_cache`, one file in either layout:
-every process holds the same cache).
+the KL reference once `learner.reference_update_every` has moved it off the initial policy (a
+LoRA learner's: its reference adapter), and the reference's cached log-probabilities
+(`selfplay.reference_cache`, one file in either layout: every process holds the same cache).
 
 Two layouts, each readable by a learner of any process count:
 - a learner of one process writes files: `optimizer.safetensors` (the moments, by the index of
@@ -47,7 +47,9 @@ def save(learner, directory: Path) -> None:
         tensors, settings = _flatten_optimizer(learner.optimizer.state_dict())
         save_file(tensors, str(directory / OPTIMIZER_FILE))
         (directory / OPTIMIZER_SETTINGS).write_text(json.dumps(settings))
-        if learner.reference_moved:
+        if learner.reference_moved and learner.reference_adapter:
+            save_file(learner.reference_adapter_state(), str(directory / REFERENCE_FILE))
+        elif learner.reference_moved:
             save_model(learner.reference, str(directory / REFERENCE_FILE))
         return
     state = {"optimizer": get_optimizer_state_dict(learner.model, learner.optimizer)}
@@ -81,7 +83,9 @@ def load(learner, directory: Path) -> None:
         _load_sharded(learner, directory / SHARDED_DIR)
     elif learner.shards is None:
         learner.optimizer.load_state_dict(_read_optimizer(directory))
-        if (directory / REFERENCE_FILE).exists():
+        if (directory / REFERENCE_FILE).exists() and learner.reference_adapter:
+            learner.load_reference_adapter(load_file(str(directory / REFERENCE_FILE)))
+        elif (directory / REFERENCE_FILE).exists():
             missing, unexpected = load_model(learner.reference, str(directory / REFERENCE_FILE), strict=False)
             if missing or unexpected:
                 raise ValueError(f"reference weights do not fit the model: missing {missing}, unexpected {unexpected}")

@@ -102,7 +102,9 @@ def test_what_needs_the_registries_is_checked_before_work(overrides, message):
         (["league.snapshot_min_games=100"], "snapshot_min_games=100 can never be reached: with league.payoff_decay"),
         (["learner.lora.dropout=0.3"], "'learner.lora.dropout' is no longer a setting: the learner trains with every"),
         (["learner.reference_update_every=10"], "set learner.kl_coef above 0"),
-        (["learner.kl_coef=0.1", "learner.reference_update_every=10", "learner.lora.rank=4"], "lora.rank=0"),
+        (["learner.kl_coef=0.1", "learner.reference_update_rate=0.1"], "set learner.reference_update_every"),
+        (["learner.reference_update_rate=0"], "'learner.reference_update_rate': expected a number above 0"),
+        (["learner.kl_schedule=linear"], "kl_schedule=linear anneals learner.kl_coef, which is 0"),
         (["rollout.decoding=legal", "rollout.top_p=0.9"], "rollout.top_p applies to free decoding only"),
         (
             ["league.enabled=true", "league.main_exploiters=2", "league.population_cap=2"],

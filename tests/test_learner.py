@@ -15,7 +15,15 @@ from selfplay.backends.hf_backend import HFBackend
 from selfplay.config import LearnerConfig, LoraConfig
 from selfplay.errors import UserError
 from selfplay.games import make_env
-from selfplay.learner import Learner, NonFiniteUpdate, Sample, scheduled_lr
+from selfplay.learner import (
+    REFERENCE_ADAPTER,
+    TRAINED_ADAPTER,
+    Learner,
+    NonFiniteUpdate,
+    Sample,
+    scheduled_kl,
+    scheduled_lr,
+)
 from selfplay.prompts import opening_messages, prompt_ids
 from selfplay.reference_cache import ReferenceCache
 from selfplay.scoring import response_logprobs
@@ -142,6 +150,66 @@ def test_a_moved_reference_is_the_policy_of_that_moment(tiny_model_dir, prompt, 
     assert restored.reference_moved
     for name, tensor in learner.reference.state_dict().items():
         assert torch.equal(restored.reference.state_dict()[name], tensor), name
+
+
+def test_a_lora_learners_moving_reference_is_a_frozen_adapter_that_starts_at_the_base(tiny_model_dir, prompt, tmp_path):
+    config = LearnerConfig(lr=1e-2, kl_coef=0.1, reference_update_every=1, lora=LoraConfig(rank=4, alpha=8))
+    learner = Learner(str(tiny_model_dir), config, seed=0)
+    drawn_after = torch.rand(4)
+    fixed = Learner(str(tiny_model_dir), dataclasses.replace(config, reference_update_every=0), seed=0)
+    assert torch.equal(torch.rand(4), drawn_after)  # the reference adapter drew none of the run's random numbers
+    trainable = [name for name, p in learner.model.named_parameters() if p.requires_grad]
+    assert trainable and all(f".{TRAINED_ADAPTER}." in name for name in trainable)
+    assert sum(p.numel() for group in learner.optimizer.param_groups for p in group["params"]) == sum(
+        learner.model.get_parameter(name).numel() for name in trainable
+    )
+    kls = {}
+    for name, each in (("moving", learner), ("fixed", fixed)):  # both start at the base and leave it
+        assert each.update([sampled(each, prompt, [5, 6, 7], 1.0)])["kl"] == pytest.approx(0.0, abs=1e-9)
+        kls[name] = each.update([sampled(each, prompt, [5, 6, 7], 1.0)])["kl"]
+    assert kls["moving"] == pytest.approx(kls["fixed"], rel=1e-5) and kls["moving"] > 1e-4
+    learner.move_reference()
+    own, reference = f".{TRAINED_ADAPTER}.", f".{REFERENCE_ADAPTER}."
+    weights = dict(learner.model.named_parameters())
+    moved = [name for name in weights if reference in name]
+    assert moved and all(torch.equal(weights[name], weights[name.replace(reference, own)]) for name in moved)
+    # The reference is now the policy; the fixed one is still the base.
+    assert learner.update([sampled(learner, prompt, [5, 6, 7], 1.0)])["kl"] == pytest.approx(0.0, abs=1e-9)
+    assert fixed.update([sampled(fixed, prompt, [5, 6, 7], 1.0)])["kl"] > 1e-4
+    learner.save_training_state(tmp_path)
+    restored = Learner(str(tiny_model_dir), config, seed=0)
+    assert not restored.reference_moved
+    restored.load_training_state(tmp_path)
+    assert restored.reference_moved
+    restored_weights = dict(restored.model.named_parameters())
+    assert all(torch.equal(restored_weights[name], weights[name]) for name in moved)
+
+
+@pytest.mark.parametrize("lora", [0, 4])
+def test_a_reference_moved_at_a_rate_goes_that_fraction_of_the_way_to_the_policy(tiny_model_dir, prompt, lora):
+    config = LearnerConfig(
+        lr=1e-2, kl_coef=0.1, reference_update_every=1, reference_update_rate=0.25, lora=LoraConfig(rank=lora)
+    )
+    learner = Learner(str(tiny_model_dir), config, seed=0)
+    for _ in range(2):
+        learner.update([sampled(learner, prompt, [5, 6, 7], 1.0)])
+        before = {name: t.clone() for name, t in learner._reference_weights().items()}
+        policy = learner._policy_weights()
+        learner.move_reference()
+        after = learner._reference_weights()
+        assert before.keys() == after.keys() and any(not torch.equal(before[k], after[k]) for k in after)
+        assert all(torch.equal(after[k], before[k].lerp(policy[k], 0.25)) for k in after)
+
+
+def test_an_annealed_kl_penalty_falls_linearly_towards_zero_over_the_run(tiny_model_dir, prompt):
+    annealed = LearnerConfig(lr=1e-3, kl_coef=0.5, kl_schedule="linear")
+    assert [scheduled_kl(annealed, step, 4) for step in (1, 2, 3, 4)] == pytest.approx([0.5, 0.375, 0.25, 0.125])
+    assert scheduled_kl(dataclasses.replace(annealed, kl_schedule="constant"), 4, 4) == 0.5
+    learner = Learner(str(tiny_model_dir), annealed, seed=0)
+    learner.update([sampled(learner, prompt, [5, 6, 7], 1.0)])  # the policy leaves its reference
+    stats = learner.scheduled_update([sampled(learner, prompt, [5, 6, 7], 0.0)], 3, 4)
+    # With no advantage the loss is the penalty alone, at step 3's coefficient.
+    assert stats["kl_coef"] == 0.25 and stats["loss"] == pytest.approx(0.25 * stats["kl"], rel=1e-5)
 
 
 def test_ppo_epochs_clip_the_ratio(tiny_model_dir, prompt):

@@ -154,8 +154,14 @@ def test_bf16_on_a_cpu_that_emulates_it_warns_which_settings_to_change(
         [],
         ["learner.kl_coef=0.5", "rollout.decoding=legal"],
         ["learner.kl_coef=0.5", "learner.reference_update_every=1"],
+        [
+            "learner.kl_coef=0.5",
+            "learner.reference_update_every=1",
+            "learner.reference_update_rate=0.5",
+            "learner.lora.rank=4",
+        ],
     ],
-    ids=["plain", "cached_reference", "moving_reference"],
+    ids=["plain", "cached_reference", "moving_reference", "moving_lora_reference"],
 )
 def test_resume_replays_a_lost_step_exactly(tiny_model_dir, tmp_path, learner):
     """Steps after the last checkpoint are lost in a crash; the resumed run redoes them with
