@@ -369,18 +369,23 @@ class Learner:
 
     def _reference_weights(self) -> dict[str, torch.Tensor]:
         """The reference's weights by name, each tensor once (tied embeddings are one): the
-        reference adapter's, or the frozen copy's."""
+        reference adapter's, or the frozen copy's (its state dict: a sharded model's parameters
+        may be unsharded between passes, its state dict's are always its shards)."""
         if self.reference_adapter:
             marker = f".{REFERENCE_ADAPTER}."
             return {name: p for name, p in self.model.named_parameters() if marker in name}
-        return dict(self.reference.named_parameters())
+        distinct = {}
+        for name, tensor in self.reference.state_dict().items():
+            local = _local(tensor)
+            distinct.setdefault(local.data_ptr() if local.numel() else name, (name, tensor))
+        return dict(distinct.values())
 
     def _policy_weights(self) -> dict[str, torch.Tensor]:
         """The policy's weights under the names of the reference's that stand for them."""
         if self.reference_adapter:
             own, reference = f".{TRAINED_ADAPTER}.", f".{REFERENCE_ADAPTER}."
             return {name.replace(own, reference): p for name, p in self.model.named_parameters() if own in name}
-        return dict(self.model.named_parameters())
+        return self.model.state_dict()
 
     def reference_adapter_state(self) -> dict[str, torch.Tensor]:
         """The reference adapter's weights, to save in the training state once moved."""
