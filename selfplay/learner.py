@@ -372,8 +372,7 @@ class Learner:
         reference adapter's, or the frozen copy's (its state dict: a sharded model's parameters
         may be unsharded between passes, its state dict's are always its shards)."""
         if self.reference_adapter:
-            marker = f".{REFERENCE_ADAPTER}."
-            return {name: p for name, p in self.model.named_parameters() if marker in name}
+            return _adapter_parameters(self.model, REFERENCE_ADAPTER)
         distinct = {}
         for name, tensor in self.reference.state_dict().items():
             local = _local(tensor)
@@ -384,7 +383,9 @@ class Learner:
         """The policy's weights under the names of the reference's that stand for them."""
         if self.reference_adapter:
             own, reference = f".{TRAINED_ADAPTER}.", f".{REFERENCE_ADAPTER}."
-            return {name.replace(own, reference): p for name, p in self.model.named_parameters() if own in name}
+            return {
+                name.replace(own, reference): p for name, p in _adapter_parameters(self.model, TRAINED_ADAPTER).items()
+            }
         return self.model.state_dict()
 
     def reference_adapter_state(self) -> dict[str, torch.Tensor]:
@@ -594,10 +595,14 @@ def _add_reference_adapter(peft_model) -> None:
     policy. Its random A factors are drawn aside, leaving the run's random numbers as they were."""
     with torch.random.fork_rng(devices=[]):
         peft_model.add_adapter(REFERENCE_ADAPTER, peft_model.peft_config[TRAINED_ADAPTER])
-    marker = f".{REFERENCE_ADAPTER}."
-    for name, parameter in peft_model.named_parameters():
-        if marker in name:
-            parameter.requires_grad_(False)
+    for parameter in _adapter_parameters(peft_model, REFERENCE_ADAPTER).values():
+        parameter.requires_grad_(False)
+
+
+def _adapter_parameters(peft_model, adapter: str) -> dict[str, torch.nn.Parameter]:
+    """The LoRA weights of `adapter` in `peft_model`, by name."""
+    marker = f".{adapter}."
+    return {name: parameter for name, parameter in peft_model.named_parameters() if marker in name}
 
 
 def _sharing_weights(model: torch.nn.Module) -> torch.nn.Module:
