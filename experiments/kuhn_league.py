@@ -19,8 +19,9 @@ by games played, all exact (OpenSpiel):
   population before it, beside a best response's.
 
 Games played count every learning player's games and, in a PSRO run, the evaluation games
-between snapshots. The recipes retire no snapshot, so the population at a step is every
-snapshot taken by then.
+between snapshots. The recipes retire no snapshot but the exploiters `league.exploiter_admit`
+turns away, retired as they are taken, so the population at a step is every snapshot taken by
+then and still active.
 
     python experiments/kuhn_league.py --league runs/kuhn_league_s0 ... --self-play runs/kuhn_sp_s0 ... \
         [--out DIR] [--game leduc_holdem]
@@ -112,7 +113,9 @@ def league_curve(run_dir: Path, game: str) -> tuple[list[dict], list[dict]]:
     payoffs = expected_payoffs(game, [policies[name] for name in names])
 
     def population(step: int, mains_only: bool = False) -> list[str]:
-        return [s.name for s in snapshots if s.created_step <= step and (s.parent == MAIN or not mains_only)]
+        return [
+            s.name for s in snapshots if s.active and s.created_step <= step and (s.parent == MAIN or not mains_only)
+        ]
 
     def mixture_at(step: int, mains_only: bool = False) -> tuple[dict, float]:
         """The run's meta-solver's mixture over every snapshot taken by `step` (or the main

@@ -270,6 +270,21 @@ class LeagueConfig:
     exploiter_plateau_gain: NonNegative = 0.03  # the score gain a block that counts as still rising
     exploiter_plateau_false_stop: Annotated[float, Bounds(0, 1, low_open=True, high_open=True)] = 0.05
     exploiter_max_steps: AtLeastOne = 200  # with exact or plateau: frozen after this many steps in any case
+    # PSRO's best-response oracle, made steadier (docs/experiments/kuhn-poker-magnet.md), each under
+    # the exact rule: an exploiter frozen with its best checked weights rather than its last;
+    exploiter_keep_best: bool = False
+    # playing (exploiter_games_at_value / v)^2 times rollout.games_per_step games a step (from 1 to
+    # exploiter_max_games_scale times), v being a best response's value against its target: the
+    # closer the target is to an equilibrium, the fainter the signal, and the more games it needs;
+    exploiter_games_at_value: Positive | None = None
+    exploiter_max_games_scale: Annotated[float, Bounds(1, MAX_COUNT)] = 8.0
+    # its KL penalty pulling it towards the initial model, or towards the weights it restarted
+    # from (`start`: the main player's of that moment, with exploiter_init=main);
+    exploiter_reference: Literal["initial", "start"] = "initial"
+    # and once frozen, its snapshot admitted to the population always, or only if its exact value
+    # against the mixture its mix draws from the population as it stands then (for a psro rule,
+    # the meta-strategy of the moment) is above 0; a snapshot not admitted is retired at once.
+    exploiter_admit: Literal["always", "beats_mixture"] = "always"
     snapshot_every: int = 0  # steps between snapshots of a learning player; 0: by win rate and cap only
     snapshot_win_rate: Fraction = 0.7  # snapshot once its win rate against every player it meets exceeds this
     snapshot_min_games: NonNegative = 8.0  # decayed games against a player before that win rate counts
@@ -292,6 +307,23 @@ class LeagueConfig:
             raise UserError(
                 "league.exploiter_init=main restarts exploiters from the main player's whole weights, which LoRA "
                 "adapters on the initial model cannot hold: set league.exploiter_lora_rank=0."
+            )
+        exact_only = {
+            "league.exploiter_keep_best=true": self.exploiter_keep_best,
+            "league.exploiter_games_at_value": self.exploiter_games_at_value is not None,
+            "league.exploiter_admit=beats_mixture": self.exploiter_admit == "beats_mixture",
+        }
+        for setting, chosen in exact_only.items():
+            if chosen and self.exploiter_stop != "exact":
+                raise UserError(
+                    f"{setting} needs the exact values of exploiters against their targets, which only "
+                    f"league.exploiter_stop=exact computes (it has {self.exploiter_stop}): set it, or drop {setting}."
+                )
+        if self.exploiter_reference == "start" and self.exploiter_init != "main":
+            raise UserError(
+                "league.exploiter_reference=start pulls an exploiter towards the weights it restarted from, which "
+                "are the initial model's unless league.exploiter_init=main: set that, or "
+                "league.exploiter_reference=initial."
             )
         if self.exploiter_stop == "exact" and (self.scripted or self.role_opponents):
             raise UserError(
@@ -414,6 +446,13 @@ class TrainConfig:
     def __post_init__(self):
         if self.rollout.games_per_step % self.advantages.group_size:
             raise UserError("rollout.games_per_step must be a multiple of advantages.group_size.")
+        league = self.league
+        exploiter_kl = self.learner.kl_coef if league.exploiter_kl_coef is None else league.exploiter_kl_coef
+        if league.exploiter_reference == "start" and exploiter_kl == 0:
+            raise UserError(
+                "league.exploiter_reference=start pulls exploiters towards their restart weights by their KL penalty, "
+                "which is 0: set league.exploiter_kl_coef above 0, or league.exploiter_reference=initial."
+            )
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConfig:

@@ -128,6 +128,7 @@ class Learner:
             _add_reference_adapter(self.model)
         self.reference_cache = ReferenceCache()
         self.kl_coef = config.kl_coef  # this step's, under `kl_schedule`
+        self.kept: dict[str, torch.Tensor] | None = None  # `keep_weights`' copy of the trained weights
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
 
@@ -401,6 +402,18 @@ class Learner:
             for name, tensor in tensors.items():
                 weights[name].copy_(tensor)
         self.reference_moved = True
+
+    def keep_weights(self) -> None:
+        """Keep a copy of the trained weights as they are now (an exploiter's best checked ones,
+        `league.exploiter_keep_best`), saved in the training state; `restore_kept_weights` puts
+        them back."""
+        self.kept = {name: p.detach().clone() for name, p in self.model.named_parameters() if p.requires_grad}
+
+    def restore_kept_weights(self) -> None:
+        trained = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, tensor in self.kept.items():
+                trained[name].copy_(tensor)
 
     def held_bytes(self) -> list[dict[str, int]]:
         """What each process of the learner holds between updates: the bytes of its weights,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,8 +38,9 @@ from selfplay.config import TrainConfig
 from selfplay.distributed.learner_group import LearnerGroup
 from selfplay.errors import UserError
 from selfplay.evaluation.exploitability import move_probabilities
-from selfplay.evaluation.meta_strategy import expected_payoffs
+from selfplay.evaluation.meta_strategy import mixture_probabilities
 from selfplay.games import make_game
+from selfplay.league.exploiter_stopping import ExactCheck, best_response_value, value_against
 from selfplay.league.matchmaking import MAIN
 from selfplay.learner import Learner, RoleLearners
 from selfplay.rollouts import MatchSpec, RolePolicies, RolloutSettings
@@ -111,13 +112,15 @@ def training_roles(config: TrainConfig) -> list[str]:
 
 @dataclass
 class LearningPlayer:
-    """A policy in training: its learner, the backend generating with its weights, and its
-    advantage baselines."""
+    """A policy in training: its learner, the backend generating with its weights, its
+    advantage baselines, and for an exploiter under `league.exploiter_keep_best` its best exact
+    check since its restart (whose weights its learner keeps)."""
 
     name: str
     learner: Learner
     backend: PolicyBackend
     baselines: dict = field(default_factory=dict)
+    best_check: ExactCheck | None = None
 
 
 class Roster:
@@ -214,7 +217,8 @@ class Roster:
 
     def restart_exploiter(self, name: str, version: int) -> None:
         """Start the exploiter `name` again after its snapshot: from the initial weights, or with
-        `league.exploiter_init: main` from the main player's current ones; synced as `version`."""
+        `league.exploiter_init: main` from the main player's current ones, its KL reference moved
+        to them with `league.exploiter_reference: start`; synced as `version`."""
         self.players[name].backend.close()
         player = self.add_learning_player(name)
         if self.config.league.exploiter_init == "main":
@@ -222,6 +226,8 @@ class Roster:
             with torch.no_grad():
                 for _, tensor, target in checked_weights(player.learner.model, main_weights):
                     target.copy_(tensor)
+            if self.config.league.exploiter_reference == "start":
+                player.learner.move_reference()
         self.sync(player, version)
 
     def sync(self, player: LearningPlayer, version: int) -> None:
@@ -314,10 +320,14 @@ class Roster:
 
     def freeze(self, learner: str, snapshot: str, whole: bool = False) -> str:
         """Write a learning player's current policy as the snapshot `snapshot`; returns its path
-        relative to the run directory. A one-process LoRA learner's is its adapter alone (over
-        the run's initial model), unless rollout workers play the games (they load whole weights)
-        or `whole` asks for the whole weights (benchmarks/league_adapters.py compares the two)."""
+        relative to the run directory. An exploiter that kept its best checked weights
+        (`league.exploiter_keep_best`) is frozen with them, put back into its learner. A
+        one-process LoRA learner's is its adapter alone (over the run's initial model), unless
+        rollout workers play the games (they load whole weights) or `whole` asks for the whole
+        weights (benchmarks/league_adapters.py compares the two)."""
         player = self.players[learner].learner
+        if learner != MAIN and self.config.league.exploiter_keep_best and player.kept is not None:
+            player.restore_kept_weights()
         files = RunDir(self.run_dir)
         if self.workers is None and isinstance(player, Learner) and player.lora and not whole:
             path = files.adapter_snapshot(snapshot)
@@ -432,8 +442,26 @@ class Roster:
 
     def exact_return(self, game: str, player: str, opponent: str) -> float:
         """A past player's exact expected return against another in `game`, averaged over the seats."""
-        policies = [self.snapshot_policy(name, game) for name in (player, opponent)]
-        return float(expected_payoffs(game, policies)[0, 1])
+        return value_against(game, self.snapshot_policy(player, game), self.snapshot_policy(opponent, game))
+
+    def learning_policy(self, name: str, game: str) -> dict:
+        """A learning player's move probabilities in `game` as its weights stand now."""
+        learner = self.players[name].learner
+        with learner.scoring_model() as model:
+            return move_probabilities(model, learner.tokenizer, game, self.rollout_settings)
+
+    def mixture_policy(self, game: str, weights: Mapping[str, float]) -> dict:
+        """The move probabilities of past players mixed by `weights` (name -> probability)."""
+        policies = [self.snapshot_policy(name, game) for name in weights]
+        return mixture_probabilities(game, policies, list(weights.values()))
+
+    def target_value(self, game: str, weights: Mapping[str, float]) -> float:
+        """A best response's exact expected return against past players mixed by `weights`."""
+        return best_response_value(game, self.mixture_policy(game, weights))
+
+    def value_against(self, name: str, game: str, weights: Mapping[str, float]) -> float:
+        """Learning player `name`'s exact expected return against past players mixed by `weights`."""
+        return value_against(game, self.learning_policy(name, game), self.mixture_policy(game, weights))
 
     # -- seating -------------------------------------------------------------------------------
 

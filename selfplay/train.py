@@ -57,11 +57,9 @@ from selfplay.evaluation.evaluate import POLICY, plan_pairings, play_opponents
 from selfplay.evaluation.exploitability import (
     SUPPORTED_GAMES,
     information_states,
-    move_probabilities,
     policy_exploitability,
 )
 from selfplay.evaluation.game_kinds import primary_figures
-from selfplay.evaluation.meta_strategy import mixture_probabilities
 from selfplay.evaluation.scoreboard import game_outcome, truncation_warning
 from selfplay.evaluation.training_curve import (
     ROLE_FIGURES,
@@ -449,13 +447,16 @@ class Trainer:
         if not store.players():
             store.add_players(initial_players(self.config))
         exact = self.roster.exact_return if self.config.league.psro_payoffs == "exact" else None
-        league = League(self.config, store, exact_return=exact)
+        league = League(self.config, store, exact_return=exact, target_value=self.roster.target_value)
         for player in league.learning_players():
             if player.name != MAIN:
                 saved = exploiter_checkpoint(checkpoint, player.name) if checkpoint is not None else None
                 exploiter = self.roster.add_learning_player(player.name, saved, self.step)
                 if saved is not None:
-                    exploiter.baselines = _baselines(load_checkpoint(saved, exploiter.learner))
+                    state = load_checkpoint(saved, exploiter.learner)
+                    exploiter.baselines = _baselines(state)
+                    if state.get("best_check") is not None:
+                        exploiter.best_check = ExactCheck(**state["best_check"])
         first = snapshot_name(MAIN, 0)
         if first not in league.players:
             league.add_initial_snapshot(self.roster.freeze(MAIN, first))
@@ -764,20 +765,30 @@ class Trainer:
             target = self.league.target_weights(player, game)
             if not target:  # a mix of self-play alone has no target to score against
                 continue
-            learner = self.roster.players[player.name].learner
-            with learner.scoring_model() as model:
-                exploiter = move_probabilities(model, learner.tokenizer, game, self.rollout_settings)
-            policies = [self.roster.snapshot_policy(name, game) for name in target]
-            mixture = mixture_probabilities(game, policies, list(target.values()))
-            checks[player.name] = exact_check(game, exploiter, mixture)
+            policies = self.roster.learning_policy(player.name, game), self.roster.mixture_policy(game, target)
+            checks[player.name] = exact_check(game, *policies)
         return checks
+
+    def _best_checks(self, checks: Mapping[str, ExactCheck]) -> dict[str, ExactCheck]:
+        """Under `league.exploiter_keep_best`, each checked exploiter's best check since its restart,
+        whose weights its learner keeps (and its snapshot is frozen with); else `checks`."""
+        if not self.config.league.exploiter_keep_best:
+            return dict(checks)
+        for name, check in checks.items():
+            player = self.roster.players[name]
+            if player.best_check is None or check.value > player.best_check.value:
+                player.best_check = check
+                player.learner.keep_weights()
+        return {name: self.roster.players[name].best_check for name in checks}
 
     def _league_step(
         self, trajectories: Sequence[Trajectory], versions: dict[str, int], checks: dict[str, ExactCheck]
     ) -> dict[str, float]:
         """Record the step in the league (with the step's exact checks); log the exploiters it
         froze, restart them, unload retired snapshots. Returns the league's metrics."""
-        changes = self.league.record_step(self.step, trajectories, versions, self.roster.freeze, checks)
+        changes = self.league.record_step(
+            self.step, trajectories, versions, self.roster.freeze, self._best_checks(checks), self.roster.value_against
+        )
         append_stops(RunDir(self.run_dir).exploiter_log, changes.stops)
         for name in changes.resets:
             self.roster.restart_exploiter(name, self.step)
@@ -963,7 +974,8 @@ def collapse_warning(step: int, run_dir: Path) -> str:
 
 
 def _state(player: LearningPlayer) -> dict:
-    return {"baselines": [[list(key), value] for key, value in player.baselines.items()]}
+    best = dataclasses.asdict(player.best_check) if player.best_check is not None else None
+    return {"baselines": [[list(key), value] for key, value in player.baselines.items()], "best_check": best}
 
 
 def _roles_line(game: str, metrics: Mapping[str, float]) -> str | None:

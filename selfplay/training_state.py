@@ -1,11 +1,13 @@
 """A learner's training state beside its policy weights in a checkpoint: the optimizer's state,
 the KL reference once `learner.reference_update_every` has moved it off the initial policy (a
-LoRA learner's: its reference adapter), and the reference's cached log-probabilities
-(`selfplay.reference_cache`, one file in either layout: every process holds the same cache).
+LoRA learner's: its reference adapter), the reference's cached log-probabilities
+(`selfplay.reference_cache`, one file in either layout: every process holds the same cache), and
+the weights an exploiter keeps (`Learner.keep_weights`; exploiters are never sharded).
 
 Two layouts, each readable by a learner of any process count:
 - a learner of one process writes files: `optimizer.safetensors` (the moments, by the index of
-  each trainable weight), `optimizer.json` (settings and scalars) and `reference.safetensors`;
+  each trainable weight), `optimizer.json` (settings and scalars), `reference.safetensors` and
+  `kept.safetensors`;
 - a sharded learner writes one `torch.distributed.checkpoint` directory, `training_state/`, to
   which each process writes its own shards in parallel, and which loads resharded onto any
   number of processes (one included).
@@ -34,6 +36,7 @@ from torch.distributed.checkpoint.state_dict import (
 from selfplay.files import WRITE_FAILURES, is_disk_full
 
 OPTIMIZER_FILE, OPTIMIZER_SETTINGS, REFERENCE_FILE = "optimizer.safetensors", "optimizer.json", "reference.safetensors"
+KEPT_FILE = "kept.safetensors"
 SHARDED_DIR = "training_state"
 # What each layout must hold to be whole.
 FILES_LAYOUT = (OPTIMIZER_FILE, OPTIMIZER_SETTINGS)
@@ -51,6 +54,9 @@ def save(learner, directory: Path) -> None:
             save_file(learner.reference_adapter_state(), str(directory / REFERENCE_FILE))
         elif learner.reference_moved:
             save_model(learner.reference, str(directory / REFERENCE_FILE))
+        if learner.kept is not None:
+            kept = {name: tensor.cpu().contiguous() for name, tensor in learner.kept.items()}
+            save_file(kept, str(directory / KEPT_FILE))
         return
     state = {"optimizer": get_optimizer_state_dict(learner.model, learner.optimizer)}
     if learner.reference_moved:
@@ -90,6 +96,8 @@ def load(learner, directory: Path) -> None:
             if missing or unexpected:
                 raise ValueError(f"reference weights do not fit the model: missing {missing}, unexpected {unexpected}")
             learner.reference_moved = True
+        if (directory / KEPT_FILE).exists():
+            learner.kept = {name: t.to(learner.device) for name, t in load_file(str(directory / KEPT_FILE)).items()}
     else:  # one process's files, shared out over the group: each process reads them whole
         by_index = _read_optimizer(directory)
         names = [name for name, p in learner.model.named_parameters() if p.requires_grad]

@@ -106,6 +106,14 @@ def test_what_needs_the_registries_is_checked_before_work(overrides, message):
         (["learner.reference_update_rate=0"], "'learner.reference_update_rate': expected a number above 0"),
         (["learner.kl_schedule=linear"], "kl_schedule=linear anneals learner.kl_coef, which is 0"),
         (["rollout.decoding=legal", "rollout.top_p=0.9"], "rollout.top_p applies to free decoding only"),
+        (["league.exploiter_keep_best=true"], "keep_best=true needs the exact values .*it has snapshot"),
+        (["league.exploiter_games_at_value=0.05"], "games_at_value needs the exact values .* set it, or drop"),
+        (["league.exploiter_admit=beats_mixture", "league.exploiter_stop=plateau"], "it has plateau"),
+        (["league.exploiter_reference=start"], "are the initial model's unless league.exploiter_init=main"),
+        (
+            ["league.exploiter_reference=start", "league.exploiter_init=main", "league.exploiter_lora_rank=0"],
+            "by their KL penalty, which is 0: set league.exploiter_kl_coef above 0",
+        ),
         (
             ["league.enabled=true", "league.main_exploiters=2", "league.population_cap=2"],
             "population_cap=2 is below the 3 learning players",

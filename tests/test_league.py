@@ -4,6 +4,7 @@ decayed payoff table, online ratings, and a league run that survives a crash."""
 from __future__ import annotations
 
 import csv
+import json
 import math
 import re
 from pathlib import Path
@@ -21,6 +22,7 @@ from selfplay.config import load_config
 from selfplay.errors import UserError
 from selfplay.evaluation.evaluate import find_candidates
 from selfplay.league.exploiter_log import read_stops
+from selfplay.league.exploiter_stopping import ExactCheck
 from selfplay.league.manager import League, initial_players
 from selfplay.league.matchmaking import choose_opponent, pfsp_probabilities, schedule_matches
 from selfplay.league.payoff import PayoffTable
@@ -632,6 +634,70 @@ def test_a_main_exploiter_hunts_a_frozen_main_snapshot_until_the_exact_rule_or_t
     assert len(events.Scalars("main_exploiter_0/exact/value")) == 3  # checked after every step
     frozen = events.Scalars("main_exploiter_0/stop/best_response_value")
     assert [(e.step, e.value) for e in frozen] == [(s["step"], pytest.approx(s["best_response_value"])) for s in stops]
+
+
+# The exploiter's exact values at each step (a best response's is 1): its best is step 2's.
+SCRIPTED_VALUES = {1: 0.1, 2: 0.3, 3: 0.2}
+
+
+@pytest.mark.slow
+def test_an_exploiter_is_frozen_with_its_best_checked_weights_and_pulled_to_its_restart_weights(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    checked = Trainer._exact_checks
+    weights_at: dict[int, dict[str, torch.Tensor]] = {}
+
+    def scripted_checks(trainer):
+        exploiter = trainer.roster.players["main_exploiter_0"].learner.model
+        weights_at[trainer.step] = {name: t.detach().clone() for name, t in exploiter.state_dict().items()}
+        return {name: ExactCheck(SCRIPTED_VALUES[trainer.step], 1.0) for name in checked(trainer)}
+
+    monkeypatch.setattr(Trainer, "_exact_checks", scripted_checks)
+    common = [
+        *EXPLOITER_STOP,
+        "league.exploiter_stop=exact",
+        "league.exploiter_check_every=1",
+        "league.exploiter_max_steps=3",
+        "league.exploiter_keep_best=true",
+        "league.exploiter_reference=start",
+        "league.exploiter_kl_coef=0.1",
+        "checkpoint_every=1",
+        "keep_checkpoints=5",
+        f"model={tiny_model_dir}",
+    ]
+    unbroken, broken = tmp_path / "unbroken", tmp_path / "broken"
+    train_command(None, [*common, f"run_dir={unbroken}"], resume=None, progress=False)
+    [stop] = read_stops(RunDir(unbroken).exploiter_log)
+    # Frozen at the cap, with the weights and figures of its best check, step 2's, not its last.
+    assert (stop["step"], stop["reason"], stop["value"], stop["best_response_value"]) == (3, "cap", 0.3, 1.0)
+    frozen = load_file(str(unbroken / "league" / "snapshots" / "main_exploiter_0@000003.safetensors"))
+    assert weights_at[2].keys() >= frozen.keys()
+    assert all(torch.equal(frozen[name], weights_at[2][name]) for name in frozen)
+    assert not all(torch.equal(frozen[name], weights_at[3][name]) for name in frozen)
+    # Restarted from the main player's weights, its KL reference is moved to them, and saved.
+    last = list_checkpoints(unbroken)[-1]
+    restart = last / "exploiters" / "main_exploiter_0"
+    reference, main_weights = (
+        load_file(str(restart / "reference.safetensors")),
+        load_file(str(last / "model.safetensors")),
+    )
+    shared = reference.keys() & main_weights.keys()  # a tied embedding is saved under one name or the other
+    assert len(shared) >= len(main_weights) - 1
+    assert all(torch.equal(reference[name], main_weights[name]) for name in shared)
+    assert not (restart / "kept.safetensors").exists()  # a new exploiter has kept nothing yet
+
+    # Resumed after step 2, the kept weights and their check come from the checkpoint.
+    train_command(None, [*common, "steps=2", f"run_dir={broken}"], resume=None, progress=False)
+    kept = list_checkpoints(broken)[-1] / "exploiters" / "main_exploiter_0"
+    assert json.loads((kept / "trainer_state.json").read_text())["best_check"] == {
+        "value": 0.3,
+        "best_response_value": 1.0,
+    }
+    assert (kept / "kept.safetensors").exists()
+    train_command(None, ["steps=3"], resume=str(broken), progress=False)
+    assert read_stops(RunDir(broken).exploiter_log) == [stop]
+    again = load_file(str(broken / "league" / "snapshots" / "main_exploiter_0@000003.safetensors"))
+    assert all(torch.equal(again[name], frozen[name]) for name in frozen)
 
 
 @pytest.mark.slow

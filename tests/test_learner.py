@@ -201,6 +201,25 @@ def test_a_reference_moved_at_a_rate_goes_that_fraction_of_the_way_to_the_policy
         assert all(torch.equal(after[k], before[k].lerp(policy[k], 0.25)) for k in after)
 
 
+@pytest.mark.parametrize("lora", [0, 4])
+def test_kept_weights_are_the_trained_weights_of_that_moment_restored_and_saved(tiny_model_dir, prompt, tmp_path, lora):
+    config = LearnerConfig(lr=1e-2, kl_coef=0.1, lora=LoraConfig(rank=lora))
+    learner = Learner(str(tiny_model_dir), config, seed=0)
+    learner.update([sampled(learner, prompt, [5, 6, 7], 1.0)])
+    learner.keep_weights()
+    trained = {name for name, p in learner.model.named_parameters() if p.requires_grad}
+    assert learner.kept.keys() == trained  # a LoRA learner's adapter alone
+    then = {name: p.detach().clone() for name, p in learner.model.named_parameters()}
+    learner.update([sampled(learner, prompt, [5, 6, 7], 1.0)])
+    assert any(not torch.equal(p, then[name]) for name, p in learner.model.named_parameters())
+    learner.save_training_state(tmp_path)
+    learner.restore_kept_weights()
+    assert all(torch.equal(p, then[name]) for name, p in learner.model.named_parameters())
+    restored = Learner(str(tiny_model_dir), config, seed=0)
+    restored.load_training_state(tmp_path)
+    assert restored.kept.keys() == trained and all(torch.equal(restored.kept[k], then[k]) for k in trained)
+
+
 def test_an_annealed_kl_penalty_falls_linearly_towards_zero_over_the_run(tiny_model_dir, prompt):
     annealed = LearnerConfig(lr=1e-3, kl_coef=0.5, kl_schedule="linear")
     assert [scheduled_kl(annealed, step, 4) for step in (1, 2, 3, 4)] == pytest.approx([0.5, 0.375, 0.25, 0.125])

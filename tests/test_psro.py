@@ -12,6 +12,7 @@ import pytest
 from selfplay.cli import main
 from selfplay.config import load_config
 from selfplay.errors import UserError
+from selfplay.league.exploiter_stopping import ExactCheck
 from selfplay.league.manager import League
 from selfplay.league.matchmaking import choose_opponent
 from selfplay.league.meta_game import evaluation_matches, members, solve_meta_game
@@ -289,3 +290,87 @@ def test_a_psro_league_on_exact_payoffs_plays_no_evaluation_games(tiny_model_dir
     assert metrics["league/meta/kuhn_poker/members"] == 3
     weights = [value for tag, value in metrics.items() if tag.startswith("league/meta/kuhn_poker/nash/")]
     assert len(weights) == 3 and sum(weights) == pytest.approx(1.0)
+
+
+# Rock, paper and scissors, and x, which beats all three: their exact returns against each other.
+BEATS = {("p", "r"), ("s", "p"), ("r", "s"), ("x", "r"), ("x", "p"), ("x", "s")}
+PSRO_ORACLE = (
+    "league.psro_payoffs=exact",
+    "league.league_exploiters=1",
+    "league.league_exploiter_opponents={psro:nash: 1}",
+    "league.exploiter_lora_rank=0",
+    "league.exploiter_stop=exact",
+)
+
+
+def _oracle_league(tmp_path, *overrides: str) -> tuple[League, LeaguePlayer]:
+    """A PSRO league of rock, paper and scissors with a league exploiter started at step 0."""
+    league = _league(tmp_path, *PSRO_ORACLE, *overrides)
+    league.exact_return = lambda game, player, opponent: 1.0 if (player, opponent) in BEATS else -1.0
+    exploiter = LeaguePlayer("league_exploiter_0", "league_exploiter", 0)
+    league.players[exploiter.name] = exploiter
+    league.store.add_players([exploiter])
+    return league, exploiter
+
+
+@pytest.mark.parametrize("value, games", [(0.05, 2048), (0.2, 512), (0.01, 4096)])
+def test_an_exploiter_plays_more_games_the_closer_its_target_is_to_an_equilibrium(tmp_path, value, games):
+    league, exploiter = _oracle_league(
+        tmp_path, "league.exploiter_games_at_value=0.1", "league.exploiter_max_games_scale=8"
+    )
+    asked = []
+    league.target_value = lambda game, weights: asked.append((game, dict(weights))) or value
+    # (0.1 / v)^2 times 512 games, from 1 to 8 times: 4 times at 0.05, once at 0.2, 8 times at 0.01.
+    for step in (1, 2):
+        scheduled = league.schedule(step)
+        assert sum(m.owner == exploiter.name for m in scheduled) == games
+        assert sum(m.owner == "main" for m in scheduled) == 512
+    # Its target, the meta-strategy at its restart, is valued once: it stays until the next restart.
+    assert asked == [(KUHN, pytest.approx({"r": 1 / 3, "p": 1 / 3, "s": 1 / 3}))]
+    league.close()
+
+
+@pytest.mark.parametrize("value, admitted", [(-0.25, False), (0.25, True)])
+def test_a_frozen_exploiter_joins_the_population_only_if_it_beats_the_mixture_of_the_moment(tmp_path, value, admitted):
+    league, exploiter = _oracle_league(tmp_path, "league.exploiter_admit=beats_mixture")
+    # x joined after the exploiter restarted: its target stays rock-paper-scissors, while the
+    # population's mixture of the moment is all on x.
+    league.players["x"] = LeaguePlayer("x", "snapshot", 1, parent="main", weights="x.safetensors")
+    league.store.record_step(1, [], [league.players["x"]])
+    judged = []
+
+    def value_against(name: str, game: str, weights) -> float:
+        judged.append((name, game, dict(weights)))
+        return value
+
+    frozen = []
+    check = ExactCheck(value=0.5, best_response_value=0.5)  # a best response's value: the exact rule is met
+    changes = league.record_step(
+        2,
+        [],
+        {},
+        lambda learner, name: frozen.append(name) or f"{name}.safetensors",
+        {exploiter.name: check},
+        value_against,
+    )
+    snapshot = "league_exploiter_0@000002"
+    assert frozen == [snapshot] and judged == [(exploiter.name, KUHN, pytest.approx({"x": 1.0}))]
+    [stop] = changes.stops
+    assert (stop.reason, stop.admitted, stop.mixture_value) == ("exact", admitted, value)
+    assert stop.record()["admitted"] is admitted and stop.record()["mixture_value"] == value
+    # Not admitted: its snapshot and record are kept, retired at once, and no one draws it.
+    assert (snapshot in changes.retired) is not admitted
+    assert (snapshot in league.past_players()) is admitted
+    league.close()
+    with LeagueStore(RunDir(tmp_path).league_store) as store:
+        assert {p.name: p.active for p in store.players()}[snapshot] is admitted
+
+
+def test_a_frozen_exploiter_joins_without_a_judgement_by_default(tmp_path):
+    league, exploiter = _oracle_league(tmp_path)
+    check = ExactCheck(value=0.5, best_response_value=0.5)
+    changes = league.record_step(2, [], {}, lambda learner, name: f"{name}.safetensors", {exploiter.name: check})
+    [stop] = changes.stops
+    assert (stop.admitted, stop.mixture_value, changes.retired) == (True, None, [])
+    assert "league_exploiter_0@000002" in league.past_players()
+    league.close()

@@ -21,6 +21,7 @@ A run without `league.enabled` is a league of one: the main player alone, matche
 from __future__ import annotations
 
 import functools
+import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -90,19 +91,32 @@ def roles_of(game: str) -> tuple[str, ...]:
 
 # (game, player, opponent) -> the player's expected return against the opponent, averaged over the seats.
 ExactReturn = Callable[[str, str, str], float]
+# (game, past players by probability) -> a best response's expected return against their mixture.
+TargetValue = Callable[[str, Mapping[str, float]], float]
+# (learning player, game, past players by probability) -> its expected return against their mixture.
+ValueAgainst = Callable[[str, str, Mapping[str, float]], float]
 # What a meta-strategy is solved from: the meta-game's members (indices) and their mean returns' bytes.
 MetaGameKey = tuple[tuple[int, ...], bytes]
 
 
 class League:
-    def __init__(self, config: TrainConfig, store: LeagueStore | None = None, exact_return: ExactReturn | None = None):
+    def __init__(
+        self,
+        config: TrainConfig,
+        store: LeagueStore | None = None,
+        exact_return: ExactReturn | None = None,
+        target_value: TargetValue | None = None,
+    ):
         """The league that `store` holds; without a store, the league of one of a run without
         `league.enabled` (see the module's docstring). Under `league.psro_payoffs=exact`,
-        `exact_return` computes the meta-game's entries."""
+        `exact_return` computes the meta-game's entries; under `league.exploiter_games_at_value`,
+        `target_value` a best response's value against an exploiter's target."""
         self.config = config
         self.store = store
         self.exact_return = exact_return
         self.exact_returns: dict[tuple[str, str, str], float] = {}  # exact_return's answers: snapshots never change
+        self.target_value = target_value
+        self.target_values: dict[tuple[str, int], float] = {}  # (exploiter, restart step) -> target_value's answer
         self.payoff = PayoffTable(config.league.payoff_decay)
         self.ratings = OnlineRatings()
         self.players: dict[str, LeaguePlayer] = {}
@@ -188,11 +202,14 @@ class League:
                 found.append(rule)
         return [name for name in dict.fromkeys(found) if name not in (player.name, SELF)]
 
-    def target_weights(self, player: LeaguePlayer, game: str | None = None) -> dict[str, float]:
+    def target_weights(
+        self, player: LeaguePlayer, game: str | None = None, pool: Sequence[str] | None = None
+    ) -> dict[str, float]:
         """Whom `player`'s mix draws now, by probability (its games against itself left out, PFSP
-        weighted by its win rates in `game`): the target its stopping rule scores it against."""
+        weighted by its win rates in `game`): the target its stopping rule scores it against. Its
+        rules over past players draw from `pool`, by default `self.pool(player)`."""
         mix = {rule: weight for rule, weight in self.mix(player).items() if rule != SELF and weight > 0}
-        pool = self.pool(player)
+        pool = self.pool(player) if pool is None else list(pool)
         weights: dict[str, float] = defaultdict(float)
         for rule, weight in mix.items():
             if rule == MAIN:
@@ -212,6 +229,22 @@ class League:
                     weights[name] += weight * float(probability)
         total = sum(weights.values())
         return {name: weight / total for name, weight in weights.items() if weight > 0}
+
+    def games_scale(self, player: LeaguePlayer) -> float:
+        """How many times `rollout.games_per_step` games `player` plays a step: under
+        `league.exploiter_games_at_value` g, an exploiter plays (g / v)^2 times as many, v being a
+        best response's value against its target (computed once a restart: its target stays),
+        from 1 to `league.exploiter_max_games_scale` times; 1 for anyone else."""
+        league = self.config.league
+        if league.exploiter_games_at_value is None or not self.is_exploiter(player.name):
+            return 1.0
+        restart = (player.name, self.last_snapshot_step(player.name))
+        if restart not in self.target_values:
+            game = next(iter(self.config.games))
+            target = self.target_weights(player, game)
+            self.target_values[restart] = self.target_value(game, target) if target else math.inf
+        scale = (league.exploiter_games_at_value / max(self.target_values[restart], 1e-9)) ** 2
+        return min(max(scale, 1.0), league.exploiter_max_games_scale)
 
     def last_snapshot_step(self, learner: str) -> int:
         """The step of `learner`'s latest snapshot (0 if none): where an exploiter restarted."""
@@ -237,7 +270,7 @@ class League:
                 self.mix(player),
                 config.games,
                 roles,
-                starts,
+                max(1, round(starts * self.games_scale(player))),
                 config.advantages.group_size,
                 main=self.hunted_main(player),
                 past_players=pool,
@@ -254,12 +287,16 @@ class League:
         versions: Mapping[str, int],
         freeze: Callable[[str, str], str],
         checks: Mapping[str, ExactCheck] = {},
+        value_against: ValueAgainst | None = None,
     ) -> StepChanges:
         """Record the step's finished games, then take the snapshots that are due and retire
         what the cap says, all committed to the store at once. `versions` gives each model
         player's policy version; `freeze(learner, snapshot)` writes a learner's weights for a
         new snapshot and returns their path relative to the run directory; `checks` holds the
-        exact checks of the exploiters the `exact` rule checked this step, after their update. A
+        exact checks of the exploiters the `exact` rule checked this step, after their update
+        (with `league.exploiter_keep_best`, each one's best so far); under `league.exploiter_admit:
+        beats_mixture`, `value_against` gives a frozen exploiter's value against the mixture it
+        must beat to join the population (read after `freeze`, so of the weights frozen). A
         league of one records nothing."""
         if self.store is None:
             return StepChanges()
@@ -271,17 +308,29 @@ class League:
             reason = self._freeze_reason(step, player, checks.get(player.name))
             if reason is None:
                 continue
-            if player.kind != "main":  # before the snapshot, which restarts its target
-                changes.stops.append(self._stop_record(step, player, reason, checks.get(player.name)))
-            changes.snapshots.append(self._snapshot(step, player.name, freeze))
-            if player.kind != "main":
-                self._forget(player.name)
-                changes.resets.append(player.name)
+            if player.kind == "main":
+                changes.snapshots.append(self._snapshot(step, player.name, freeze))
+                continue
+            # Before the snapshot, which restarts its target and joins the population.
+            stop = self._stop_record(step, player, reason, checks.get(player.name))
+            judging = self.config.league.exploiter_admit == "beats_mixture"
+            judged_by = self.target_weights(player, pool=self.past_players()) if judging else {}
+            snapshot = self._snapshot(step, player.name, freeze)
+            changes.snapshots.append(snapshot)
+            if judged_by:
+                value = value_against(player.name, next(iter(self.config.games)), judged_by)
+                stop = dataclass_replace(stop, admitted=value > 0, mixture_value=value)
+                if not stop.admitted:
+                    self.players[snapshot.name] = dataclass_replace(snapshot, active=False)
+                    changes.retired.append(snapshot.name)
+            changes.stops.append(stop)
+            self._forget(player.name)
+            changes.resets.append(player.name)
         restarted = [self.players[name] for name in changes.resets]
         if any(self.hunts_main(p) for p in restarted) and all(s.parent != MAIN for s in changes.snapshots):
             changes.snapshots.append(self._snapshot(step, MAIN, freeze))  # the restarted exploiters' target
         hunted = {self.hunted_main(p) for p in self.learning_players() if p.kind != "main" and self.hunts_main(p)}
-        changes.retired = eviction_choice(
+        changes.retired += eviction_choice(
             self.snapshots(), functools.partial(self._win_rate, MAIN), self.config.league.population_cap, hunted
         )
         for name in changes.retired:
