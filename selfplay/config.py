@@ -270,7 +270,7 @@ class LeagueConfig:
     exploiter_plateau_gain: NonNegative = 0.03  # the score gain a block that counts as still rising
     exploiter_plateau_false_stop: Annotated[float, Bounds(0, 1, low_open=True, high_open=True)] = 0.05
     exploiter_max_steps: AtLeastOne = 200  # with exact or plateau: frozen after this many steps in any case
-    # PSRO's best-response oracle, made steadier (docs/experiments/kuhn-poker-magnet.md), each under
+    # PSRO's best-response oracle, made steadier (docs/experiments/kuhn-poker-psro-oracle.md), each under
     # the exact rule: an exploiter frozen with its best checked weights rather than its last;
     exploiter_keep_best: bool = False
     # playing (exploiter_games_at_value / v)^2 times rollout.games_per_step games a step (from 1 to
@@ -446,13 +446,16 @@ class TrainConfig:
     def __post_init__(self):
         if self.rollout.games_per_step % self.advantages.group_size:
             raise UserError("rollout.games_per_step must be a multiple of advantages.group_size.")
-        league = self.league
-        exploiter_kl = self.learner.kl_coef if league.exploiter_kl_coef is None else league.exploiter_kl_coef
-        if league.exploiter_reference == "start" and exploiter_kl == 0:
+        if self.league.exploiter_reference == "start" and self.exploiter_kl_coef == 0:
             raise UserError(
                 "league.exploiter_reference=start pulls exploiters towards their restart weights by their KL penalty, "
                 "which is 0: set league.exploiter_kl_coef above 0, or league.exploiter_reference=initial."
             )
+
+    @property
+    def exploiter_kl_coef(self) -> float:
+        """The exploiters' KL penalty: league.exploiter_kl_coef, by default the main learner's."""
+        return self.learner.kl_coef if self.league.exploiter_kl_coef is None else self.league.exploiter_kl_coef
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConfig:

@@ -309,7 +309,7 @@ class Roster:
             offload=False,
             lr=learner.lr if league.exploiter_lr is None else league.exploiter_lr,
             lr_schedule="constant",
-            kl_coef=learner.kl_coef if league.exploiter_kl_coef is None else league.exploiter_kl_coef,
+            kl_coef=self.config.exploiter_kl_coef,
             lora=dataclasses.replace(learner.lora, rank=league.exploiter_lora_rank),
             reference_update_every=0,
             reference_update_rate=1.0,
@@ -326,7 +326,7 @@ class Roster:
         rollout workers play the games (they load whole weights) or `whole` asks for the whole
         weights (benchmarks/league_adapters.py compares the two)."""
         player = self.players[learner].learner
-        if learner != MAIN and self.config.league.exploiter_keep_best and player.kept is not None:
+        if learner != MAIN and player.kept is not None:
             player.restore_kept_weights()
         files = RunDir(self.run_dir)
         if self.workers is None and isinstance(player, Learner) and player.lora and not whole:
